@@ -1,0 +1,119 @@
+"""Baton's settings: one typed tree, read from ``BATON_*`` environment variables.
+
+Built once at start-up (:func:`load_settings`) and passed down; nothing reads the environment later.
+Nested fields use ``__``: ``BATON_DB__URL``, ``BATON_REDIS__URL``, ``BATON_GATEWAY__PORT``.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from pydantic import BaseModel, Field, SecretStr
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+
+class DatabaseSettings(BaseModel):
+    url: str = Field(
+        "postgresql+psycopg://postgres@127.0.0.1:5432/baton",
+        description="Owner connection: migrations and schema management run as this role.",
+    )
+    app_role: str = Field(
+        "baton_app",
+        description="Role the services connect as. Neither superuser nor table owner, so row-level "
+        "security applies to it.",
+    )
+    app_url: str | None = Field(
+        None, description="Service connection; defaults to `url` with the user replaced by `app_role`."
+    )
+    pool_size: int = Field(5, ge=1, description="Connections kept per process.")
+    statement_timeout_ms: int = Field(5000, ge=0, description="Per-statement timeout for services.")
+
+    def service_url(self) -> str:
+        if self.app_url:
+            return self.app_url
+        from sqlalchemy.engine import make_url
+
+        return make_url(self.url).set(username=self.app_role, password=None).render_as_string(
+            hide_password=False
+        )
+
+
+class RedisSettings(BaseModel):
+    url: str = Field("redis://127.0.0.1:6379/0", description="Rate limits, revocation fan-out, Celery.")
+    lmcache_url: str = Field("redis://127.0.0.1:6379", description="LMCache's remote KV tier.")
+
+
+class RaySettings(BaseModel):
+    address: str = Field("127.0.0.1:6380", description="GCS address of the Ray head (`ray start`).")
+    dashboard_url: str = Field("http://127.0.0.1:8265", description="Ray dashboard / Serve REST API.")
+    token_file: Path = Field(Path.home() / ".ray" / "auth_token", description="Dashboard auth token.")
+    serve_http_port: int = Field(8001, description="Ray Serve's HTTP proxy (the gateway owns 8000).")
+    num_cpus: int = Field(8, ge=1, description="Logical CPUs the local head advertises.")
+
+
+class GatewaySettings(BaseModel):
+    host: str = Field("127.0.0.1", description="Bind address.")
+    port: int = Field(8000, description="Bind port of the gateway and console.")
+    key_cache_ttl_s: float = Field(30.0, gt=0, description="How long a key lookup is cached.")
+    upstream_timeout_s: float = Field(300.0, gt=0, description="Total time allowed per upstream call.")
+    usage_flush_interval_s: float = Field(0.2, gt=0, description="Usage batch flush interval.")
+    usage_batch_size: int = Field(500, ge=1, description="Usage records per batch insert.")
+
+
+class SecuritySettings(BaseModel):
+    key_secret: SecretStr = Field(
+        SecretStr("dev-insecure-key-secret-change-me"),
+        description="HMAC-SHA256 secret for API key hashes and cache salts. Set it in production.",
+    )
+    admin_token: SecretStr | None = Field(
+        None, description="Bootstrap admin bearer token for /admin/v1 (hashed before comparison)."
+    )
+    session_secret: SecretStr = Field(
+        SecretStr("dev-insecure-session-secret-change-me"), description="Console session signing."
+    )
+    secure_cookies: bool = Field(False, description="Mark console cookies Secure (HTTPS deployments).")
+
+
+class TelemetrySettings(BaseModel):
+    enabled: bool = Field(True, description="Create spans at all.")
+    otlp_endpoint: str | None = Field(None, description="OTLP/HTTP endpoint, e.g. http://collector:4318.")
+    service_name: str = Field("baton", description="`service.name` resource attribute.")
+    link_bandwidth_gbps: float = Field(
+        1.9, gt=0, description="KV link bandwidth (GB/s) used for the handoff's ideal time."
+    )
+
+
+class Settings(BaseSettings):
+    """The whole tree. Build it with :func:`load_settings` at start-up."""
+
+    model_config = SettingsConfigDict(
+        env_prefix="BATON_", env_nested_delimiter="__", env_file=("var/baton.env",), extra="ignore"
+    )
+
+    env: str = Field("dev", description="dev | test | prod. prod refuses the dev secrets.")
+    state_dir: Path = Field(Path("var"), description="Local state: model builds, pid files, logs.")
+    db: DatabaseSettings = Field(default_factory=DatabaseSettings)
+    redis: RedisSettings = Field(default_factory=RedisSettings)
+    ray: RaySettings = Field(default_factory=RaySettings)
+    gateway: GatewaySettings = Field(default_factory=GatewaySettings)
+    security: SecuritySettings = Field(default_factory=SecuritySettings)
+    telemetry: TelemetrySettings = Field(default_factory=TelemetrySettings)
+
+    def check_production(self) -> None:
+        """Refuse to run in prod with the development secrets."""
+        from baton.core.errors import ConfigurationError
+
+        if self.env != "prod":
+            return
+        for name, secret in (
+            ("BATON_SECURITY__KEY_SECRET", self.security.key_secret),
+            ("BATON_SECURITY__SESSION_SECRET", self.security.session_secret),
+        ):
+            if secret.get_secret_value().startswith("dev-insecure"):
+                raise ConfigurationError(f"{name} must be set in production")
+
+
+def load_settings(**overrides: object) -> Settings:
+    settings = Settings.model_validate(overrides)
+    settings.check_production()
+    return settings

@@ -1,0 +1,97 @@
+"""Shared fixtures: one fresh Postgres database per test run, migrated, dropped at the end."""
+
+from __future__ import annotations
+
+import os
+import secrets
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from sqlalchemy import create_engine, text
+from sqlalchemy.engine import make_url
+
+ROOT = Path(__file__).resolve().parents[1]
+PG_SERVER = os.environ.get("BATON_TEST_PG", "postgresql+psycopg://postgres@127.0.0.1:5432")
+APP_ROLE = os.environ.get("BATON_TEST_APP_ROLE", "baton_app")
+
+
+def _admin_engine():  # type: ignore[no-untyped-def]
+    return create_engine(f"{PG_SERVER}/postgres", isolation_level="AUTOCOMMIT")
+
+
+def create_database(name: str) -> str:
+    eng = _admin_engine()
+    with eng.connect() as conn:
+        conn.execute(text(f'CREATE DATABASE "{name}"'))
+    eng.dispose()
+    return f"{PG_SERVER}/{name}"
+
+
+def drop_database(name: str) -> None:
+    eng = _admin_engine()
+    with eng.connect() as conn:
+        conn.execute(
+            text(
+                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                "WHERE datname = :d AND pid <> pg_backend_pid()"
+            ),
+            {"d": name},
+        )
+        conn.execute(text(f'DROP DATABASE IF EXISTS "{name}"'))
+    eng.dispose()
+
+
+def alembic_config(url: str):  # type: ignore[no-untyped-def]
+    from alembic.config import Config
+
+    cfg = Config(str(ROOT / "alembic.ini"))
+    cfg.set_main_option("script_location", str(ROOT / "migrations"))
+    cfg.attributes["url"] = url
+    cfg.attributes["app_role"] = APP_ROLE
+    return cfg
+
+
+@pytest.fixture(scope="session")
+def pg_url() -> Iterator[str]:
+    """Owner URL of a database made for this test run and migrated to head."""
+    from alembic import command
+
+    name = f"baton_test_{os.getpid()}_{secrets.token_hex(3)}"
+    url = create_database(name)
+    try:
+        command.upgrade(alembic_config(url), "head")
+        yield url
+    finally:
+        drop_database(name)
+
+
+@pytest.fixture(scope="session")
+def settings(pg_url: str):  # type: ignore[no-untyped-def]
+    from baton.core.settings import load_settings
+
+    app_url = make_url(pg_url).set(username=APP_ROLE).render_as_string(hide_password=False)
+    return load_settings(
+        env="test",
+        db={"url": pg_url, "app_role": APP_ROLE, "app_url": app_url},
+        security={"key_secret": "test-key-secret", "session_secret": "test-session-secret"},
+    )
+
+
+@pytest.fixture(scope="session")
+def db(settings):  # type: ignore[no-untyped-def]
+    """The service-role database (row-level security applies)."""
+    from baton.core.db import Database
+
+    database = Database.for_services(settings)
+    yield database
+    database.dispose()
+
+
+@pytest.fixture(scope="session")
+def owner_db(settings):  # type: ignore[no-untyped-def]
+    from baton.core.db import Database
+
+    database = Database.for_owner(settings)
+    yield database
+    database.dispose()

@@ -1,0 +1,89 @@
+"""House rules of the layout: one `baton` namespace, no `platform` package, layers point downwards."""
+
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+import tomllib
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+PYPROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())
+PACKAGE_DIR: dict[str, str] = PYPROJECT["tool"]["setuptools"]["package-dir"]
+LAYERS = ["baton.core", "baton.dataplane", "baton.control", "baton.api", "baton.cli"]
+
+
+def _modules() -> dict[str, Path]:
+    out = {}
+    for pkg, folder in PACKAGE_DIR.items():
+        for path in (ROOT / folder).rglob("*.py"):
+            rel = path.relative_to(ROOT / folder).with_suffix("")
+            parts = [p for p in rel.parts if p != "__init__"]
+            out[".".join([pkg, *parts])] = path
+    return out
+
+
+def _imports(path: Path) -> set[str]:
+    names: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            names.update(a.name for a in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            names.add(node.module)
+    return names
+
+
+def test_platform_folder_is_not_a_package() -> None:
+    assert not (ROOT / "platform" / "__init__.py").exists()
+
+
+def test_stdlib_platform_still_imports_from_the_repository_root() -> None:
+    out = subprocess.run(
+        [sys.executable, "-c", "import platform; print(platform.system(), platform.__file__)"],
+        cwd=ROOT, capture_output=True, text=True, check=True,
+    ).stdout
+    assert str(ROOT / "platform") not in out
+    assert out.split()[0] in {"Linux", "Darwin", "Windows"}
+
+
+def test_every_package_folder_is_listed_in_pyproject() -> None:
+    listed = set(PYPROJECT["tool"]["setuptools"]["packages"])
+    for pkg, folder in PACKAGE_DIR.items():
+        for init in (ROOT / folder).rglob("__init__.py"):
+            rel = init.parent.relative_to(ROOT / folder).parts
+            assert ".".join([pkg, *rel]) in listed, f"{init} is not in pyproject's packages"
+
+
+def test_lower_layers_never_import_higher_ones() -> None:
+    for module, path in _modules().items():
+        layer = next(i for i, name in enumerate(LAYERS) if module == name or module.startswith(name + "."))
+        for imported in _imports(path):
+            for higher in LAYERS[layer + 1:]:
+                assert not (imported == higher or imported.startswith(higher + ".")), (
+                    f"{module} imports {imported}, a higher layer"
+                )
+
+
+def test_only_the_dataplane_imports_the_engine() -> None:
+    for module, path in _modules().items():
+        if module.startswith("baton.dataplane"):
+            continue
+        for imported in _imports(path):
+            assert not imported.startswith(("vllm", "ray.serve.llm", "lmcache", "nixl")), (
+                f"{module} imports {imported}"
+            )
+
+
+def test_importing_baton_builds_nothing_heavy() -> None:
+    modules = [m for m in _modules() if not m.endswith("__main__")]
+    code = (
+        "import importlib, sys\n"
+        f"for m in {modules!r}:\n"
+        "    importlib.import_module(m)\n"
+        "heavy = sorted(n for n in ('torch', 'vllm', 'ray', 'lmcache', 'nixl') if n in sys.modules)\n"
+        "print(','.join(heavy))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip() == "", f"imported at import time: {out.stdout.strip()}"
