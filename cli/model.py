@@ -16,8 +16,9 @@ def make_tiny(
     seed: Annotated[int, typer.Option("--seed", help="Seed of weights and tokenizer corpus.")] = 0,
 ) -> None:
     """Build Baton's default tiny Llama model (random weights, local tokenizer) deterministically."""
-    from baton.dataplane.tinymodel import DEFAULT_SHAPE, build_tiny_model
     from rich.progress import Progress
+
+    from baton.dataplane.tinymodel import DEFAULT_SHAPE, build_tiny_model
 
     with Progress(transient=True) as bar:
         task = bar.add_task("building tiny model", total=3)

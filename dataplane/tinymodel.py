@@ -21,6 +21,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import numpy as np
+
 from baton.dataplane._tiny_corpus import corpus_lines
 
 SPECIAL_TOKENS = (

@@ -50,6 +50,10 @@ class RaySettings(BaseModel):
     serve_http_port: int = Field(8001, description="Ray Serve's HTTP proxy (the gateway owns 8000).")
     num_cpus: int = Field(8, ge=1, description="Logical CPUs the local head advertises.")
 
+    @property
+    def serve_url(self) -> str:
+        return f"http://127.0.0.1:{self.serve_http_port}"
+
 
 class GatewaySettings(BaseModel):
     host: str = Field("127.0.0.1", description="Bind address.")
@@ -58,6 +62,11 @@ class GatewaySettings(BaseModel):
     upstream_timeout_s: float = Field(300.0, gt=0, description="Total time allowed per upstream call.")
     usage_flush_interval_s: float = Field(0.2, gt=0, description="Usage batch flush interval.")
     usage_batch_size: int = Field(500, ge=1, description="Usage records per batch insert.")
+    upstreams: dict[str, str] = Field(
+        default_factory=dict,
+        description="Static model -> OpenAI base URL routes (e.g. a bare engine in dev/tests). Models not "
+        "listed are routed to their running deployment's Serve app: {ray.serve_url}/{deployment name}.",
+    )
 
 
 class SecuritySettings(BaseModel):

@@ -2,6 +2,7 @@ import hashlib
 import json
 
 import pytest
+
 from baton.dataplane.tinymodel import DEFAULT_SHAPE, build_tiny_model
 
 
