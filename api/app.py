@@ -1,0 +1,114 @@
+"""The FastAPI application: ``/v1`` (gateway), and ``/admin/v1`` and the console when installed.
+
+:func:`create_app` builds nothing at import time; its lifespan builds the database, Redis and upstream
+clients once per process (unless handed in, as tests do) and closes what it built. Optional routers
+of other parts of Baton (admin API, console) are mounted when their modules exist.
+"""
+
+from __future__ import annotations
+
+import importlib
+import logging
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+from fastapi import FastAPI
+
+from baton.api.errors import install_error_handlers
+from baton.core.db import Database
+from baton.core.settings import Settings, load_settings
+
+log = logging.getLogger(__name__)
+
+#: (module, attribute, path prefix) of routers mounted when their module exists.
+OPTIONAL_ROUTERS: tuple[tuple[str, str, str], ...] = (
+    ("baton.api.admin.router", "router", "/admin/v1"),
+    ("baton.api.console.router", "router", ""),
+)
+
+
+def include_optional_routers(
+    app: FastAPI, routers: tuple[tuple[str, str, str], ...] = OPTIONAL_ROUTERS
+) -> list[str]:
+    """Includes each ``module:attribute`` router whose module is importable; returns those included.
+
+    A module that exists but fails to import is a bug and raises."""
+    mounted = []
+    for module, attr, prefix in routers:
+        try:
+            mod = importlib.import_module(module)
+        except ModuleNotFoundError as exc:
+            if exc.name is not None and module.startswith(exc.name):
+                continue
+            raise
+        app.include_router(getattr(mod, attr), prefix=prefix)
+        mounted.append(module)
+    return mounted
+
+
+def create_app(
+    settings: Settings,
+    *,
+    db: Database | None = None,
+    redis: Any = None,
+    router: Any = None,
+    http_client: Any = None,
+    optional_routers: tuple[tuple[str, str, str], ...] | None = None,
+) -> FastAPI:
+    """The whole HTTP API. ``db``/``redis`` (``redis.asyncio.Redis``)/``router``/``http_client`` may be
+    passed in (tests, benchmarks); what the app builds itself it also closes. ``optional_routers``
+    (default :data:`OPTIONAL_ROUTERS`) lists the other parts to mount when installed; ``()`` serves
+    the gateway alone."""
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        import redis.asyncio as aioredis
+
+        from baton.api.gateway import build_gateway
+
+        own_db = db is None
+        own_redis = redis is None
+        database = db or Database.for_services(settings)
+        red = redis or aioredis.Redis.from_url(settings.redis.url, socket_timeout=5, socket_connect_timeout=2,
+                                               health_check_interval=30)
+        gateway = build_gateway(settings, db=database, redis=red, router=router, http_client=http_client)
+        app.state.settings = settings
+        app.state.db = database
+        app.state.redis = red
+        app.state.gateway = gateway
+        await gateway.start()
+        try:
+            yield
+        finally:
+            await gateway.stop()
+            if http_client is None:
+                await gateway.client.aclose()
+            if own_redis:
+                await red.aclose()
+            if own_db:
+                database.dispose()
+
+    app = FastAPI(
+        title="Baton",
+        version="0.1.0",
+        description="OpenAI-compatible inference for many tenants (`/v1`), with per-key limits and metering.",
+        lifespan=lifespan,
+    )
+    install_error_handlers(app)
+
+    from baton.api.gateway.routes import router as gateway_router
+
+    app.include_router(gateway_router)
+
+    @app.get("/healthz", include_in_schema=False)
+    async def healthz() -> dict[str, str]:
+        return {"status": "ok"}
+
+    include_optional_routers(app, OPTIONAL_ROUTERS if optional_routers is None else optional_routers)
+    return app
+
+
+def create_app_from_env() -> FastAPI:
+    """Factory for ``uvicorn --factory`` (one call per worker process): settings from the environment."""
+    return create_app(load_settings())

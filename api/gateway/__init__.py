@@ -1,0 +1,49 @@
+"""The OpenAI-compatible gateway: ``/v1`` for tenants, with keys, limits, metering and the relay.
+
+:func:`build_gateway` wires the parts from settings; ``baton.api.app.create_app`` calls it in the
+app's lifespan, so nothing is created at import time.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from baton.core.db import Database
+from baton.core.settings import Settings
+
+
+def build_gateway(
+    settings: Settings,
+    *,
+    db: Database,
+    redis: Any,
+    router: Any = None,
+    http_client: Any = None,
+) -> Any:
+    """A ready-to-start :class:`~baton.api.gateway.service.Gateway` (``redis``: ``redis.asyncio.Redis``)."""
+    from functools import partial
+
+    from baton.api.gateway.metering import UsageMeter
+    from baton.api.gateway.principals import InvalidationListener, PrincipalCache, load_principal
+    from baton.api.gateway.proxy import new_client
+    from baton.api.gateway.ratelimit import RateLimiter
+    from baton.api.gateway.routing import ChainRouter, DeploymentRouter, StaticRouter
+    from baton.api.gateway.service import Gateway
+
+    g = settings.gateway
+    secret = settings.security.key_secret.get_secret_value()
+    principals = PrincipalCache(partial(load_principal, db, salt_secret=secret), key_secret=secret,
+                                ttl=g.key_cache_ttl_s)
+    if router is None:
+        router = ChainRouter([StaticRouter(g.upstreams),
+                              DeploymentRouter(db, settings.ray.serve_url, ttl=g.route_cache_ttl_s)])
+    return Gateway(
+        principals=principals,
+        listener=InvalidationListener(redis, principals),
+        limiter=RateLimiter(redis, lease_s=g.ratelimit_lease_s, fail_open=g.ratelimit_fail_open),
+        meter=UsageMeter(db, batch_size=g.usage_batch_size, flush_interval=g.usage_flush_interval_s,
+                         max_buffer=g.usage_buffer_max),
+        router=router,
+        client=http_client or new_client(timeout_s=g.upstream_timeout_s, max_connections=g.upstream_max_connections),
+        default_completion_budget=g.default_completion_budget,
+    )

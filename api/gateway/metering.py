@@ -1,0 +1,191 @@
+"""Usage metering off the hot path.
+
+Each finished request becomes one :class:`Outcome`; :meth:`UsageMeter.record` only appends it to an
+in-memory buffer. A background task writes the buffer to Postgres in batches (every
+``flush_interval`` seconds, or sooner when ``batch_size`` are waiting): one usage row per request
+that reached the engine (``usage_records``, idempotent on ``request_id``) and one request record
+(``request_records``, idempotent on ``id``) with TTFT, TPOT, ITL and end-to-end time, in one
+system-scope transaction.
+
+If Postgres is unavailable the batch stays in the buffer and is retried with backoff; because both
+inserts are idempotent a retry after an ambiguous failure writes nothing twice. The buffer is bounded
+(``max_buffer``): when it is full the gateway refuses new requests with 503 (:attr:`accepting`)
+instead of serving requests it could not meter. On shutdown the buffer is flushed (bounded wait).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime as dt
+import logging
+import time
+import uuid
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any
+
+from baton.core import errors
+from baton.core import models as m
+from baton.core.db import Database
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(slots=True)
+class Outcome:
+    """What happened to one request, as the gateway saw it."""
+
+    request_id: uuid.UUID
+    tenant_id: uuid.UUID
+    api_key_id: uuid.UUID | None
+    model: str
+    endpoint: str
+    stream: bool
+    started: float  # unix seconds
+    deployment: str | None = None
+    trace_id: str | None = None
+    status: m.RequestStatus = m.RequestStatus.COMPLETED
+    http_status: int = 200
+    error_code: str | None = None
+    metered: bool = False  # the engine did work: write a usage row
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    cached_tokens: int = 0
+    first_token: float | None = None  # perf_counter times
+    start_pc: float = 0.0
+    end_pc: float = 0.0
+    gaps: list[float] = field(default_factory=list)  # seconds between token-bearing chunks
+
+    def rows(self) -> tuple[dict[str, Any] | None, dict[str, Any]]:
+        e2e_ms = max((self.end_pc - self.start_pc) * 1000, 0.0)
+        started = dt.datetime.fromtimestamp(self.started, dt.UTC)
+        ttft_ms = (self.first_token - self.start_pc) * 1000 if self.first_token is not None else None
+        tpot_ms = None
+        if ttft_ms is not None and self.completion_tokens > 1:
+            tpot_ms = (e2e_ms - ttft_ms) / (self.completion_tokens - 1)
+        p50 = p99 = None
+        if self.gaps:
+            gaps = sorted(self.gaps)
+            p50 = gaps[len(gaps) // 2] * 1000
+            p99 = gaps[min(len(gaps) - 1, int(len(gaps) * 0.99))] * 1000
+        record = {
+            "id": self.request_id, "tenant_id": self.tenant_id, "api_key_id": self.api_key_id,
+            "model": self.model, "deployment": self.deployment, "endpoint": self.endpoint, "stream": self.stream,
+            "status": self.status, "http_status": self.http_status, "error_code": self.error_code,
+            "prompt_tokens": self.prompt_tokens, "completion_tokens": self.completion_tokens,
+            "ttft_ms": ttft_ms, "tpot_ms": tpot_ms, "itl_p50_ms": p50, "itl_p99_ms": p99, "e2e_ms": e2e_ms,
+            "trace_id": self.trace_id, "started_at": started,
+            "finished_at": started + dt.timedelta(milliseconds=e2e_ms),
+        }
+        usage = None
+        if self.metered:
+            usage = {
+                "request_id": self.request_id, "tenant_id": self.tenant_id, "api_key_id": self.api_key_id,
+                "model": self.model, "prompt_tokens": self.prompt_tokens,
+                "completion_tokens": self.completion_tokens, "cached_tokens": self.cached_tokens,
+            }
+        return usage, record
+
+
+def write_outcomes(db: Database, outcomes: list[Outcome]) -> int:
+    """Writes a batch in one transaction; returns the usage rows that were new."""
+    usage: list[dict[str, Any]] = []
+    records: list[dict[str, Any]] = []
+    for o in outcomes:
+        u, r = o.rows()
+        records.append(r)
+        if u is not None:
+            usage.append(u)
+    with db.system() as uow:
+        written = uow.usage.insert_many(usage)
+        uow.requests.insert_many(records)
+        uow.commit()
+    return written
+
+
+class UsageMeter:
+    def __init__(
+        self,
+        db: Database,
+        *,
+        batch_size: int = 500,
+        flush_interval: float = 0.2,
+        max_buffer: int = 100_000,
+        max_backoff: float = 5.0,
+    ) -> None:
+        self._db = db
+        self._batch = batch_size
+        self._interval = flush_interval
+        self._max = max_buffer
+        self._max_backoff = max_backoff
+        self._buffer: deque[Outcome] = deque()
+        self._wake = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+        self.written = 0  # usage rows written by this process
+        self.failures = 0
+
+    @property
+    def accepting(self) -> bool:
+        return len(self._buffer) < self._max
+
+    @property
+    def pending(self) -> int:
+        return len(self._buffer)
+
+    def record(self, outcome: Outcome) -> None:
+        """Queues one outcome. Never blocks and never raises: safe in ``finally`` of a cancelled task."""
+        self._buffer.append(outcome)
+        if len(self._buffer) >= self._batch:
+            self._wake.set()
+
+    async def start(self) -> None:
+        if self._task is None:
+            self._task = asyncio.create_task(self._run(), name="usage-meter")
+
+    async def stop(self, timeout: float = 10.0) -> None:
+        """Stops the loop, then tries to write what is left for up to ``timeout`` seconds."""
+        if self._task is not None:
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)
+            self._task = None
+        deadline = time.monotonic() + timeout
+        while self._buffer and time.monotonic() < deadline:
+            if not await self.flush():
+                await asyncio.sleep(0.2)
+        if self._buffer:
+            log.error("%d request outcomes could not be written before shutdown", len(self._buffer))
+
+    async def flush(self) -> bool:
+        """Writes one batch; False if the database refused (the batch stays queued)."""
+        if not self._buffer:
+            return True
+        batch = [self._buffer[i] for i in range(min(self._batch, len(self._buffer)))]
+        try:
+            written = await asyncio.to_thread(write_outcomes, self._db, batch)
+        except errors.BatonError as exc:
+            self.failures += 1
+            log.warning("usage batch of %d not written yet (%s); will retry", len(batch), exc.code)
+            return False
+        except Exception as exc:  # unexpected: keep the data, retry later
+            self.failures += 1
+            log.error("usage batch of %d not written yet (%s); will retry", len(batch), type(exc).__name__)
+            return False
+        for _ in range(len(batch)):
+            self._buffer.popleft()
+        self.written += written
+        return True
+
+    async def _run(self) -> None:
+        backoff = self._interval
+        while True:
+            try:
+                await asyncio.wait_for(self._wake.wait(), timeout=backoff)
+            except TimeoutError:
+                pass
+            self._wake.clear()
+            ok = True
+            while ok and self._buffer:
+                ok = await self.flush()
+                if ok and len(self._buffer) < self._batch:
+                    break
+            backoff = self._interval if ok else min(max(backoff * 2, 0.2), self._max_backoff)

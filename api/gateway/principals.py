@@ -1,0 +1,293 @@
+"""Who is calling: API key -> tenant, models and limits, cached in the gateway process.
+
+The hot path never touches Postgres once a key is cached. A lookup costs one HMAC and one dict read;
+a miss (or an entry older than ``ttl``) loads the key, its tenant, the tenant's models and limits in
+one read-only transaction (in a worker thread), with one load per key in flight at a time.
+
+Freshness: every mutation of keys or tenants is announced on Redis
+(:data:`baton.control.keys.INVALIDATION_CHANNEL`); :class:`InvalidationListener` drops the affected
+entries in every process within milliseconds. Each invalidation also bumps a generation counter so a
+load that raced with it is not cached. If the subscription breaks, the whole cache is dropped once it
+is back (messages may have been missed). If Postgres is down, entries past their TTL keep serving
+(revocations still arrive through Redis).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime as dt
+import logging
+import time
+import uuid
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+
+from baton.api.gateway.ratelimit import LimitScope, Limits
+from baton.control.keys import INVALIDATION_CHANNEL
+from baton.core import errors
+from baton.core import models as m
+from baton.core.db import Database
+from baton.core.secrets import cache_salt, hash_secret, looks_valid
+
+log = logging.getLogger(__name__)
+
+_INVALID_KEY = "Incorrect API key provided. You can find your API key in the Baton console."
+
+
+@dataclass(frozen=True, slots=True)
+class ModelGrant:
+    """A catalogue model a key may use."""
+
+    id: uuid.UUID
+    name: str
+    context_length: int
+    source: str
+    created: int  # unix seconds, for /v1/models
+
+
+@dataclass(frozen=True, slots=True)
+class Principal:
+    """A key as the gateway sees it. ``models`` is already narrowed by the key's scope."""
+
+    key_id: uuid.UUID
+    tenant_id: uuid.UUID
+    revoked: bool
+    expires_at: float | None  # unix seconds
+    tenant_active: bool
+    models: Mapping[str, ModelGrant]
+    limit_scopes: tuple[LimitScope, ...]
+    cache_salt: str
+
+    def check(self, now: float) -> None:
+        """Raises the client error for a key that may not be used now."""
+        if self.revoked or (self.expires_at is not None and self.expires_at <= now):
+            raise errors.AuthenticationError(_INVALID_KEY)
+        if not self.tenant_active:
+            raise errors.PermissionDeniedError(
+                "This organization is suspended. Contact your Baton operator.", openai_type="permission_error"
+            )
+
+    def model(self, name: str) -> ModelGrant:
+        grant = self.models.get(name)
+        if grant is None:
+            raise ModelNotFoundError(f"The model `{name}` does not exist or you do not have access to it.",
+                                     param="model")
+        return grant
+
+
+class ModelNotFoundError(errors.NotFoundError):
+    code = "model_not_found"
+
+
+def load_principal(db: Database, key_hash: bytes, salt_secret: str) -> Principal | None:
+    """Everything the gateway needs about one key, in one system-scope read (None: no such key)."""
+    with db.system() as uow:
+        key = uow.api_keys.by_hash(key_hash)
+        if key is None:
+            return None
+        tenant = uow.tenants.get(key.tenant_id)
+        granted = uow.models.for_tenant(key.tenant_id)
+        limits = uow.rate_limits.for_tenant(key.tenant_id)
+        scope = set(key.model_scope or ())
+        models = {
+            g.name: ModelGrant(g.id, g.name, g.context_length, g.source, int(g.created_at.timestamp()))
+            for g in granted if not scope or g.name in scope
+        }
+        scopes: list[LimitScope] = []
+        for row in limits:
+            lim = Limits(row.requests_per_minute, row.tokens_per_minute, row.max_concurrency)
+            if row.api_key_id is None:
+                scopes.append(LimitScope.tenant(key.tenant_id, lim))
+            elif row.api_key_id == key.id:
+                scopes.append(LimitScope.key(key.tenant_id, key.id, lim))
+        return Principal(
+            key_id=key.id,
+            tenant_id=key.tenant_id,
+            revoked=key.revoked_at is not None,
+            expires_at=key.expires_at.timestamp() if key.expires_at else None,
+            tenant_active=tenant is not None and tenant.status is m.TenantStatus.ACTIVE,
+            models=models,
+            limit_scopes=tuple(scopes),
+            cache_salt=cache_salt(salt_secret, key.tenant_id),
+        )
+
+
+_Entry = tuple[Principal | None, float]  # (principal or None for an unknown key, loaded at monotonic)
+
+Loader = Callable[[bytes], Principal | None]
+
+
+class PrincipalCache:
+    """``Authorization`` header -> :class:`Principal`, cached with a TTL and explicit invalidation."""
+
+    def __init__(self, loader: Loader, *, key_secret: str, ttl: float = 30.0, max_entries: int = 100_000,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self._load = loader
+        self._secret = key_secret
+        self.ttl = ttl
+        self._max = max_entries
+        self._clock = clock
+        self._entries: dict[bytes, _Entry] = {}
+        self._by_key: dict[uuid.UUID, bytes] = {}
+        self._by_tenant: dict[uuid.UUID, set[bytes]] = {}
+        self._inflight: dict[bytes, asyncio.Future[Principal | None]] = {}
+        self.generation = 0
+
+    async def authenticate(self, authorization: str | None) -> Principal:
+        """The caller's principal, or AuthenticationError / PermissionDeniedError (OpenAI's 401/403)."""
+        token = _bearer(authorization)
+        if token is None:
+            raise errors.AuthenticationError(
+                "You didn't provide an API key. Send it as 'Authorization: Bearer <key>'.")
+        if not looks_valid(token):
+            raise errors.AuthenticationError(_INVALID_KEY)
+        key_hash = hash_secret(self._secret, token)
+        entry = self._entries.get(key_hash)
+        if entry is None or self._clock() - entry[1] > self.ttl:
+            principal = await self._refresh(key_hash, entry)
+        else:
+            principal = entry[0]
+        if principal is None:
+            raise errors.AuthenticationError(_INVALID_KEY)
+        principal.check(time.time())
+        return principal
+
+    async def _refresh(self, key_hash: bytes, stale: _Entry | None) -> Principal | None:
+        fut = self._inflight.get(key_hash)
+        if fut is not None:
+            return await asyncio.shield(fut)
+        fut = asyncio.get_running_loop().create_future()
+        self._inflight[key_hash] = fut
+        generation = self.generation
+        try:
+            principal = await asyncio.to_thread(self._load, key_hash)
+        except errors.UnavailableError as exc:
+            if stale is not None and stale[0] is not None and generation == self.generation:
+                # Postgres is down: keep serving what we knew (revocations still arrive via Redis).
+                fut.set_result(stale[0])
+                return stale[0]
+            fut.set_exception(exc)
+            fut.exception()  # mark retrieved: waiters re-raise it themselves
+            raise
+        except BaseException as exc:
+            fut.set_exception(exc if isinstance(exc, Exception) else errors.UnavailableError())
+            fut.exception()
+            raise
+        finally:
+            self._inflight.pop(key_hash, None)
+        if generation == self.generation:
+            self._store(key_hash, principal)
+        fut.set_result(principal)
+        return principal
+
+    def _store(self, key_hash: bytes, principal: Principal | None) -> None:
+        if len(self._entries) >= self._max:
+            self.clear()
+        self._entries[key_hash] = (principal, self._clock())
+        if principal is not None:
+            self._by_key[principal.key_id] = key_hash
+            self._by_tenant.setdefault(principal.tenant_id, set()).add(key_hash)
+
+    def invalidate_key(self, key_id: uuid.UUID) -> None:
+        self.generation += 1
+        key_hash = self._by_key.pop(key_id, None)
+        if key_hash is not None:
+            entry = self._entries.pop(key_hash, None)
+            if entry is not None and entry[0] is not None:
+                self._by_tenant.get(entry[0].tenant_id, set()).discard(key_hash)
+
+    def invalidate_tenant(self, tenant_id: uuid.UUID) -> None:
+        self.generation += 1
+        for key_hash in self._by_tenant.pop(tenant_id, set()):
+            entry = self._entries.pop(key_hash, None)
+            if entry is not None and entry[0] is not None:
+                self._by_key.pop(entry[0].key_id, None)
+
+    def clear(self) -> None:
+        self.generation += 1
+        self._entries.clear()
+        self._by_key.clear()
+        self._by_tenant.clear()
+
+    def apply(self, message: bytes | str) -> None:
+        """Applies one invalidation message (see :func:`baton.control.keys.invalidation_message`)."""
+        try:
+            data: Any = orjson.loads(message)
+            kind = data["kind"]
+            id_ = uuid.UUID(data["id"]) if data.get("id") else None
+        except (orjson.JSONDecodeError, KeyError, TypeError, ValueError):
+            log.warning("ignored a malformed cache invalidation; dropping the whole cache instead")
+            self.clear()
+            return
+        if kind == "key" and id_ is not None:
+            self.invalidate_key(id_)
+        elif kind == "tenant" and id_ is not None:
+            self.invalidate_tenant(id_)
+        else:
+            self.clear()
+
+
+def _bearer(authorization: str | None) -> str | None:
+    if not authorization:
+        return None
+    scheme, _, token = authorization.partition(" ")
+    if scheme.lower() != "bearer":
+        return None
+    return token.strip() or None
+
+
+class InvalidationListener:
+    """Subscribes to the invalidation channel and applies every message to a :class:`PrincipalCache`."""
+
+    def __init__(self, redis: Any, cache: PrincipalCache, *, on_message: Callable[[], None] | None = None) -> None:
+        self._redis = redis
+        self._cache = cache
+        self._task: asyncio.Task[None] | None = None
+        self._on_message = on_message
+        self.subscribed = asyncio.Event()
+
+    async def start(self) -> None:
+        if self._task is None:
+            self._task = asyncio.create_task(self._run(), name="key-invalidation")
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)
+            self._task = None
+
+    async def _run(self) -> None:
+        backoff = 0.1
+        while True:
+            pubsub = self._redis.pubsub(ignore_subscribe_messages=True)
+            try:
+                await pubsub.subscribe(INVALIDATION_CHANNEL)
+                # Anything published while we were not listening is lost: start from a clean cache.
+                self._cache.clear()
+                self.subscribed.set()
+                backoff = 0.1
+                while True:
+                    msg = await pubsub.get_message(timeout=5.0)
+                    if msg is not None and msg.get("type") == "message":
+                        self._cache.apply(msg["data"])
+                        if self._on_message is not None:
+                            self._on_message()
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # connection lost: retry with backoff
+                self.subscribed.clear()
+                log.warning("key invalidation channel lost (%s); reconnecting", type(exc).__name__)
+                await asyncio.sleep(backoff)
+                backoff = min(backoff * 2, 5.0)
+            finally:
+                try:
+                    await pubsub.aclose()
+                except Exception:  # noqa: S110 - already broken; nothing to clean up
+                    pass
+
+
+def utc_from_unix(ts: float | None) -> dt.datetime | None:
+    return dt.datetime.fromtimestamp(ts, dt.UTC) if ts is not None else None

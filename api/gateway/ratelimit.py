@@ -1,0 +1,376 @@
+"""Rate limits in Redis: requests and tokens per minute, concurrent requests; per tenant and per key.
+
+One Lua script decides a request atomically for every scope that applies (the tenant's limits and
+the key's), so several gateway processes sharing one Redis never admit more than a limit allows:
+
+- requests per minute: a sliding-window log (sorted set of request ids scored by admission time);
+  in any 60 s window at most ``limit`` requests are admitted.
+- tokens per minute: the same log with an amount per request (hash) and a running sum. Admission
+  reserves prompt + max_tokens; :meth:`RateLimiter.finish` corrects the reservation to what the
+  engine really used.
+- concurrency: leases (sorted set scored by lease expiry). A lease is released when the request
+  ends (completed, failed or the client went away) and renewed while it runs; a process that dies
+  leaves leases that expire after ``lease_s``, so slots heal on their own.
+
+Time comes from Redis (``TIME``), so processes with skewed clocks still agree. All keys of a tenant
+carry the tenant's hash tag (``{<tenant id>}``) and stay in one slot of a Redis cluster.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+import time
+import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+log = logging.getLogger(__name__)
+
+WINDOW_MS = 60_000
+
+_ADMIT = """
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local rid = ARGV[1]
+local tokens = tonumber(ARGV[2])
+local lease = tonumber(ARGV[3])
+local n = tonumber(ARGV[4])
+local horizon = now - 60000
+local lim_req, rem_req, reset_req = -1, -1, 0
+local lim_tok, rem_tok, reset_tok = -1, -1, 0
+local deny, retry = 0, 0
+
+local function expire_tokens(zk, hk, sk)
+  local old = redis.call('ZRANGEBYSCORE', zk, '-inf', horizon)
+  if #old > 0 then
+    local freed = 0
+    for i = 1, #old, 500 do
+      local part = {}
+      for j = i, math.min(i + 499, #old) do part[#part + 1] = old[j] end
+      local amounts = redis.call('HMGET', hk, unpack(part))
+      for k = 1, #amounts do freed = freed + (tonumber(amounts[k]) or 0) end
+      redis.call('HDEL', hk, unpack(part))
+    end
+    redis.call('ZREMRANGEBYSCORE', zk, '-inf', horizon)
+    if freed > 0 then redis.call('DECRBY', sk, freed) end
+  end
+  return tonumber(redis.call('GET', sk) or '0')
+end
+
+-- When enough reserved tokens leave the window for `need` more to fit.
+local function tokens_free_at(zk, hk, used, limit, need)
+  local entries = redis.call('ZRANGE', zk, 0, 63, 'WITHSCORES')
+  local free = limit - used
+  for i = 1, #entries, 2 do
+    free = free + (tonumber(redis.call('HGET', hk, entries[i])) or 0)
+    if free >= need then return tonumber(entries[i + 1]) + 60000 - now end
+  end
+  return 60000
+end
+
+local counts = {}
+for s = 0, n - 1 do
+  local k = s * 5
+  local rpm = tonumber(ARGV[5 + s * 3])
+  local tpm = tonumber(ARGV[6 + s * 3])
+  local conc = tonumber(ARGV[7 + s * 3])
+  if rpm > 0 then
+    redis.call('ZREMRANGEBYSCORE', KEYS[k + 1], '-inf', horizon)
+    local used = redis.call('ZCARD', KEYS[k + 1])
+    local reset = 0
+    if used > 0 then
+      local first = redis.call('ZRANGE', KEYS[k + 1], 0, 0, 'WITHSCORES')
+      reset = tonumber(first[2]) + 60000 - now
+    end
+    if used + 1 > rpm then
+      if deny == 0 then deny = 1 end
+      retry = math.max(retry, reset)
+    end
+    local left = rpm - used - 1
+    if rem_req < 0 or left < rem_req then lim_req, rem_req, reset_req = rpm, left, reset end
+  end
+  if tpm > 0 then
+    local used = expire_tokens(KEYS[k + 2], KEYS[k + 3], KEYS[k + 4])
+    if tokens > tpm then
+      if deny == 0 then deny = 4 end
+    elseif used + tokens > tpm then
+      if deny == 0 then deny = 2 end
+      retry = math.max(retry, tokens_free_at(KEYS[k + 2], KEYS[k + 3], used, tpm, tokens))
+    end
+    local left = tpm - used - tokens
+    if rem_tok < 0 or left < rem_tok then
+      local reset = 0
+      if used > 0 then
+        local first = redis.call('ZRANGE', KEYS[k + 2], 0, 0, 'WITHSCORES')
+        if #first > 0 then reset = tonumber(first[2]) + 60000 - now end
+      end
+      lim_tok, rem_tok, reset_tok = tpm, left, reset
+    end
+  end
+  if conc > 0 then
+    redis.call('ZREMRANGEBYSCORE', KEYS[k + 5], '-inf', now)
+    local used = redis.call('ZCARD', KEYS[k + 5])
+    if used + 1 > conc then
+      if deny == 0 then deny = 3 end
+      retry = math.max(retry, 1000)
+    end
+  end
+end
+
+if deny == 0 then
+  for s = 0, n - 1 do
+    local k = s * 5
+    if tonumber(ARGV[5 + s * 3]) > 0 then
+      redis.call('ZADD', KEYS[k + 1], now, rid)
+      redis.call('PEXPIRE', KEYS[k + 1], 61000)
+    end
+    if tonumber(ARGV[6 + s * 3]) > 0 then
+      redis.call('ZADD', KEYS[k + 2], now, rid)
+      redis.call('HSET', KEYS[k + 3], rid, tokens)
+      redis.call('INCRBY', KEYS[k + 4], tokens)
+      redis.call('PEXPIRE', KEYS[k + 2], 61000)
+      redis.call('PEXPIRE', KEYS[k + 3], 61000)
+      redis.call('PEXPIRE', KEYS[k + 4], 61000)
+    end
+    if tonumber(ARGV[7 + s * 3]) > 0 then
+      redis.call('ZADD', KEYS[k + 5], now + lease, rid)
+      redis.call('PEXPIRE', KEYS[k + 5], lease * 2)
+    end
+  end
+else
+  if rem_req >= 0 and deny ~= 1 then rem_req = rem_req + 1 end
+  if rem_tok >= 0 then rem_tok = rem_tok + tokens end
+end
+return {deny, retry, lim_req, math.max(rem_req, 0), reset_req, lim_tok, math.max(rem_tok, 0), reset_tok}
+"""
+
+_FINISH = """
+local rid = ARGV[1]
+local actual = tonumber(ARGV[2])
+for s = 0, tonumber(ARGV[3]) - 1 do
+  local k = s * 4
+  redis.call('ZREM', KEYS[k + 4], rid)
+  if actual >= 0 then
+    local old = redis.call('HGET', KEYS[k + 2], rid)
+    if old then
+      redis.call('HSET', KEYS[k + 2], rid, actual)
+      redis.call('INCRBY', KEYS[k + 3], actual - tonumber(old))
+    end
+  end
+end
+return 1
+"""
+
+_RENEW = """
+local t = redis.call('TIME')
+local until_ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000) + tonumber(ARGV[1])
+for i = 1, #KEYS do
+  redis.call('ZADD', KEYS[i], 'XX', until_ms, ARGV[i + 1])
+  redis.call('PEXPIRE', KEYS[i], tonumber(ARGV[1]) * 2)
+end
+return #KEYS
+"""
+
+DENIED_REQUESTS = 1
+DENIED_TOKENS = 2
+DENIED_CONCURRENCY = 3
+DENIED_TOO_LARGE = 4
+
+
+@dataclass(frozen=True, slots=True)
+class Limits:
+    requests_per_minute: int | None = None
+    tokens_per_minute: int | None = None
+    max_concurrency: int | None = None
+
+    def __bool__(self) -> bool:
+        return bool(self.requests_per_minute or self.tokens_per_minute or self.max_concurrency)
+
+
+@dataclass(frozen=True, slots=True)
+class LimitScope:
+    """The limits of one tenant or one key, with its Redis keys computed once."""
+
+    name: str
+    limits: Limits
+    keys: tuple[str, str, str, str, str] = field(repr=False)
+
+    @classmethod
+    def tenant(cls, tenant_id: uuid.UUID, limits: Limits) -> LimitScope:
+        return cls._make(tenant_id, f"t:{tenant_id}", limits)
+
+    @classmethod
+    def key(cls, tenant_id: uuid.UUID, key_id: uuid.UUID, limits: Limits) -> LimitScope:
+        return cls._make(tenant_id, f"k:{key_id}", limits)
+
+    @classmethod
+    def _make(cls, tenant_id: uuid.UUID, name: str, limits: Limits) -> LimitScope:
+        base = f"baton:rl:{{{tenant_id}}}:{name}"
+        return cls(name, limits, (f"{base}:rpm", f"{base}:tpm", f"{base}:tpm:amt", f"{base}:tpm:sum",
+                                  f"{base}:conc"))
+
+
+@dataclass(slots=True)
+class Lease:
+    """An admitted request's hold on its scopes, until :meth:`RateLimiter.finish`."""
+
+    request_id: str
+    scopes: tuple[LimitScope, ...]
+    reserved_tokens: int
+
+
+@dataclass(slots=True)
+class Decision:
+    allowed: bool
+    reason: int = 0
+    retry_after_s: float = 0.0
+    headers: dict[str, str] = field(default_factory=dict)
+    lease: Lease | None = None
+
+
+def _duration(ms: float) -> str:
+    """OpenAI's reset format: ``1s``, ``6m0s``, ``120ms``."""
+    if ms < 1000:
+        return f"{max(int(ms), 0)}ms"
+    s = ms / 1000
+    if s < 60:
+        return f"{s:.3g}s"
+    minutes, sec = divmod(int(round(s)), 60)
+    return f"{minutes}m{sec}s"
+
+
+def _headers(raw: Sequence[int]) -> dict[str, str]:
+    lim_req, rem_req, reset_req, lim_tok, rem_tok, reset_tok = (int(x) for x in raw[2:8])
+    out: dict[str, str] = {}
+    if lim_req > 0:
+        out["x-ratelimit-limit-requests"] = str(lim_req)
+        out["x-ratelimit-remaining-requests"] = str(rem_req)
+        out["x-ratelimit-reset-requests"] = _duration(reset_req)
+    if lim_tok > 0:
+        out["x-ratelimit-limit-tokens"] = str(lim_tok)
+        out["x-ratelimit-remaining-tokens"] = str(rem_tok)
+        out["x-ratelimit-reset-tokens"] = _duration(reset_tok)
+    return out
+
+
+class RateLimiter:
+    """Admission and release against Redis. ``redis`` is a ``redis.asyncio.Redis``.
+
+    When Redis cannot be reached, ``fail_open`` decides: admit without limits (the default; serving
+    goes on and a warning is logged at most every 10 s) or refuse with 503.
+    """
+
+    def __init__(self, redis: Any, *, lease_s: float = 30.0, fail_open: bool = True) -> None:
+        self._redis = redis
+        self._lease_ms = int(lease_s * 1000)
+        self._renew_every = max(lease_s / 3, 0.05)
+        self.fail_open = fail_open
+        self._admit = redis.register_script(_ADMIT)
+        self._finish = redis.register_script(_FINISH)
+        self._renew = redis.register_script(_RENEW)
+        self._held: dict[str, Lease] = {}  # leases with a concurrency slot, renewed while they run
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._renewer: asyncio.Task[None] | None = None
+        self._warned_at = 0.0
+
+    async def start(self) -> None:
+        if self._renewer is None:
+            self._renewer = asyncio.create_task(self._renew_loop(), name="ratelimit-renew")
+
+    async def stop(self) -> None:
+        if self._renewer is not None:
+            self._renewer.cancel()
+            await asyncio.gather(self._renewer, return_exceptions=True)
+            self._renewer = None
+        if self._tasks:
+            await asyncio.gather(*list(self._tasks), return_exceptions=True)
+
+    async def admit(self, request_id: str, scopes: Sequence[LimitScope], tokens: int) -> Decision:
+        """Decides one request for all ``scopes`` at once; on success the caller must :meth:`finish`."""
+        active = tuple(s for s in scopes if s.limits)
+        if not active:
+            return Decision(True)
+        keys: list[str] = []
+        args: list[int | str] = [request_id, tokens, self._lease_ms, len(active)]
+        for s in active:
+            keys.extend(s.keys)
+            lim = s.limits
+            args.extend((lim.requests_per_minute or 0, lim.tokens_per_minute or 0, lim.max_concurrency or 0))
+        try:
+            raw = await self._admit(keys=keys, args=args)
+        except Exception as exc:  # redis.RedisError, OSError, timeouts: Redis is unavailable
+            return self._unavailable(exc)
+        headers = _headers(raw)
+        reason = int(raw[0])
+        if reason:
+            retry = 60.0 if reason == DENIED_TOO_LARGE else max(int(raw[1]), 1) / 1000
+            return Decision(False, reason, retry, headers)
+        lease = Lease(request_id, active, tokens)
+        if any(s.limits.max_concurrency for s in active):
+            self._held[request_id] = lease
+        return Decision(True, 0, 0.0, headers, lease)
+
+    def finish(self, lease: Lease | None, actual_tokens: int | None = None) -> None:
+        """Releases the concurrency slot and corrects the token reservation, off the caller's path.
+
+        Safe to call from ``finally`` blocks of cancelled tasks: it schedules and never awaits.
+        """
+        if lease is None:
+            return
+        self._held.pop(lease.request_id, None)
+        task = asyncio.get_running_loop().create_task(self.release(lease, actual_tokens))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def release(self, lease: Lease, actual_tokens: int | None = None) -> None:
+        keys: list[str] = []
+        for s in lease.scopes:
+            keys.extend(s.keys[1:])
+        actual = -1 if actual_tokens is None else max(int(actual_tokens), 0)
+        for attempt in range(3):
+            try:
+                await self._finish(keys=keys, args=[lease.request_id, actual, len(lease.scopes)])
+                return
+            except Exception as exc:  # Redis unavailable: retry briefly; the lease expires anyway
+                if attempt == 2:
+                    self._warn("could not release a rate-limit lease", exc)
+                    return
+                await asyncio.sleep(0.05 * (attempt + 1))
+
+    async def _renew_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self._renew_every)
+            leases = list(self._held.values())
+            if not leases:
+                continue
+            keys: list[str] = []
+            args: list[int | str] = [self._lease_ms]
+            for lease in leases:
+                for s in lease.scopes:
+                    if s.limits.max_concurrency:
+                        keys.append(s.keys[4])
+                        args.append(lease.request_id)
+            try:
+                for i in range(0, len(keys), 1000):
+                    await self._renew(keys=keys[i:i + 1000], args=[args[0], *args[1 + i:1 + i + 1000]])
+            except Exception as exc:
+                self._warn("could not renew rate-limit leases", exc)
+
+    def _unavailable(self, exc: BaseException) -> Decision:
+        self._warn("rate limits are not enforced: Redis is unavailable", exc)
+        if self.fail_open:
+            return Decision(True)
+        return Decision(False, -1, 1.0)
+
+    def _warn(self, what: str, exc: BaseException) -> None:
+        now = time.monotonic()
+        if now - self._warned_at > 10:
+            self._warned_at = now
+            log.warning("%s (%s)", what, type(exc).__name__)
+
+
+def retry_after_header(seconds: float) -> dict[str, str]:
+    return {"retry-after": str(max(math.ceil(seconds), 1)), "retry-after-ms": str(max(int(seconds * 1000), 1))}

@@ -1,0 +1,99 @@
+"""Where a model is served: model name -> an OpenAI-compatible base URL.
+
+- :class:`StaticRouter`: ``gateway.upstreams`` from settings (a bare engine in development and tests).
+- :class:`DeploymentRouter`: the model's running deployment in Postgres, reached through Ray Serve's
+  HTTP proxy at ``{ray.serve_url}/{deployment name}`` (one Serve application per deployment, route
+  prefix ``/<deployment name>``, serving the catalogue model name). The whole table is read at most
+  once per ``ttl`` seconds, in a worker thread; if Postgres is down the last known routes stay.
+- :class:`ChainRouter`: the first router that knows the model wins.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+from baton.core import errors
+from baton.core import models as m
+from baton.core.db import Database
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class Upstream:
+    """An OpenAI-compatible server: ``{base_url}/chat/completions`` etc."""
+
+    base_url: str  # ends with /v1
+    deployment: str | None = None
+
+
+class Router(Protocol):
+    async def resolve(self, model: str) -> Upstream | None:
+        """The upstream serving ``model`` now, or None."""
+        ...
+
+
+def _v1(url: str) -> str:
+    url = url.rstrip("/")
+    return url if url.endswith("/v1") else f"{url}/v1"
+
+
+class StaticRouter:
+    def __init__(self, routes: Mapping[str, str]) -> None:
+        self._routes = {name: Upstream(_v1(url)) for name, url in routes.items()}
+
+    async def resolve(self, model: str) -> Upstream | None:
+        return self._routes.get(model)
+
+
+class DeploymentRouter:
+    def __init__(self, db: Database, serve_url: str, *, ttl: float = 2.0) -> None:
+        self._db = db
+        self._serve_url = serve_url.rstrip("/")
+        self._ttl = ttl
+        self._routes: dict[str, Upstream] = {}
+        self._loaded_at = float("-inf")
+        self._lock = asyncio.Lock()
+
+    async def resolve(self, model: str) -> Upstream | None:
+        if time.monotonic() - self._loaded_at > self._ttl:
+            async with self._lock:
+                if time.monotonic() - self._loaded_at > self._ttl:
+                    await self._reload()
+        return self._routes.get(model)
+
+    async def _reload(self) -> None:
+        try:
+            self._routes = await asyncio.to_thread(self._read)
+        except errors.UnavailableError:
+            log.warning("routes not refreshed: the database is unavailable; keeping the last known ones")
+        self._loaded_at = time.monotonic()
+
+    def _read(self) -> dict[str, Upstream]:
+        with self._db.system() as uow:
+            names = {model.id: model.name for model in uow.models.list()}
+            routes: dict[str, Upstream] = {}
+            for d in uow.deployments.list():  # ordered by name: the choice is stable
+                if d.desired_state is not m.DesiredState.RUNNING or d.observed_state is not m.ObservedState.RUNNING:
+                    continue
+                name = names.get(d.model_id)
+                if name is not None and name not in routes:
+                    routes[name] = Upstream(f"{self._serve_url}/{d.name}/v1", d.name)
+            return routes
+
+
+class ChainRouter:
+    def __init__(self, routers: Sequence[Router]) -> None:
+        self._routers = tuple(routers)
+
+    async def resolve(self, model: str) -> Upstream | None:
+        for router in self._routers:
+            upstream = await router.resolve(model)
+            if upstream is not None:
+                return upstream
+        return None

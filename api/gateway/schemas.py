@@ -1,0 +1,150 @@
+"""Request and response schemas of ``/v1``: typed where Baton acts on a field, permissive elsewhere.
+
+Like OpenAI's API, unknown fields are accepted and passed to the engine (vLLM reads many of its own
+extensions: ``top_k``, ``min_p``, ``repetition_penalty``, guided decoding...). Fields the gateway
+controls are replaced server-side whatever the client sends (see :data:`SERVER_FIELDS`).
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+MAX_N = 8
+_INT32 = 2**31 - 1
+
+#: Set by the gateway; a client's value is dropped (``cache_salt`` is replaced by the tenant's).
+SERVER_FIELDS = ("cache_salt", "kv_transfer_params", "priority", "request_id", "vllm_xargs")
+
+
+class _Open(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+
+class StreamOptions(_Open):
+    include_usage: bool | None = Field(None, description="Send a last chunk with the request's token usage.")
+
+
+class ContentPart(_Open):
+    type: str = Field(..., description="`text`, or another part type the model accepts.")
+    text: str | None = None
+
+
+class ChatMessage(_Open):
+    role: Literal["system", "developer", "user", "assistant", "tool", "function"]
+    content: str | list[ContentPart] | None = None
+    name: str | None = None
+    tool_call_id: str | None = None
+
+
+class _Sampling(_Open):
+    model: str = Field(..., min_length=1, max_length=200, description="A model your key may use (`GET /v1/models`).")
+    stream: bool | None = Field(False, description="Stream the answer as server-sent events.")
+    stream_options: StreamOptions | None = None
+    max_tokens: int | None = Field(None, ge=1, le=_INT32)
+    temperature: float | None = Field(None, ge=0, le=2)
+    top_p: float | None = Field(None, ge=0, le=1)
+    n: int | None = Field(None, ge=1, le=_INT32, description=f"Choices per prompt (Baton serves at most {MAX_N}).")
+    stop: str | list[str] | None = None
+    presence_penalty: float | None = Field(None, ge=-2, le=2)
+    frequency_penalty: float | None = Field(None, ge=-2, le=2)
+    seed: int | None = Field(None, ge=-(2**63), le=2**63 - 1)
+    user: str | None = None
+
+
+class ChatCompletionRequest(_Sampling):
+    """`POST /v1/chat/completions`"""
+
+    messages: Annotated[list[ChatMessage], Field(min_length=1)]
+    max_completion_tokens: int | None = Field(None, ge=1, le=_INT32)
+    logprobs: bool | None = None
+    top_logprobs: int | None = Field(None, ge=0, le=20)
+    response_format: dict[str, Any] | None = None
+    tools: list[dict[str, Any]] | None = None
+    tool_choice: str | dict[str, Any] | None = None
+
+
+class CompletionRequest(_Sampling):
+    """`POST /v1/completions` (legacy text completions)."""
+
+    prompt: str | list[str] | list[int] | list[list[int]] = Field(
+        ..., description="Text, texts, token ids, or lists of token ids."
+    )
+    echo: bool | None = None
+    logprobs: int | None = Field(None, ge=0, le=20)
+    suffix: str | None = None
+
+
+class ModelObject(BaseModel):
+    id: str
+    object: Literal["model"] = "model"
+    created: int
+    owned_by: str = "baton"
+
+
+class ModelList(BaseModel):
+    object: Literal["list"] = "list"
+    data: list[ModelObject]
+
+
+class Usage(_Open):
+    prompt_tokens: int
+    completion_tokens: int
+    total_tokens: int
+
+
+class ChatCompletion(_Open):
+    id: str
+    object: Literal["chat.completion"] = "chat.completion"
+    created: int
+    model: str
+    choices: list[dict[str, Any]]
+    usage: Usage | None = None
+
+
+class Completion(_Open):
+    id: str
+    object: Literal["text_completion"] = "text_completion"
+    created: int
+    model: str
+    choices: list[dict[str, Any]]
+    usage: Usage | None = None
+
+
+class ErrorDetail(BaseModel):
+    message: str
+    type: str
+    param: str | None = None
+    code: str | None = None
+
+
+class ErrorResponse(BaseModel):
+    error: ErrorDetail
+
+
+def _err(description: str) -> dict[str, Any]:
+    return {"model": ErrorResponse, "description": description}
+
+
+ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
+    400: _err("Invalid request: bad JSON, wrong types, unsupported parameters, prompt too long."),
+    401: _err("Missing, invalid, expired or revoked API key."),
+    403: _err("The organization is suspended."),
+    404: _err("The model does not exist or the key may not use it."),
+    429: _err("A rate limit was reached; see `Retry-After` and the `x-ratelimit-*` headers."),
+    502: _err("The model failed to answer."),
+    503: _err("The model is not deployed or not reachable right now."),
+    504: _err("The model took too long to answer."),
+}
+
+
+def completion_responses(model: type[BaseModel]) -> dict[int | str, dict[str, Any]]:
+    return {
+        200: {
+            "model": model,
+            "description": "The completion; with `stream: true`, server-sent events of chunks, then `[DONE]`.",
+            "content": {"text/event-stream": {"schema": {"type": "string"}}},
+        },
+        **ERROR_RESPONSES,
+    }

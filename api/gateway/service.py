@@ -1,0 +1,287 @@
+"""The gateway's request pipeline, with everything it needs built once per process.
+
+Per request, in order: key -> principal (cached), model grant, parameter checks, prompt length against
+the model's context, route to an upstream, rate-limit admission (requests, tokens reserved as
+prompt + max_tokens, concurrency), the upstream call with the tenant's ``cache_salt``, the relay, and
+one outcome for metering and for correcting the token reservation.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+import orjson
+from starlette.responses import Response
+
+from baton.api.gateway.metering import Outcome, UsageMeter
+from baton.api.gateway.principals import InvalidationListener, ModelGrant, Principal, PrincipalCache
+from baton.api.gateway.proxy import (
+    SSERelay,
+    read_usage,
+    sse_headers,
+    trace_context,
+    transport_error,
+    upstream_error,
+    upstream_headers,
+)
+from baton.api.gateway.ratelimit import (
+    DENIED_CONCURRENCY,
+    DENIED_TOKENS,
+    DENIED_TOO_LARGE,
+    Lease,
+    RateLimiter,
+    retry_after_header,
+)
+from baton.api.gateway.routing import Router
+from baton.api.gateway.schemas import MAX_N, SERVER_FIELDS
+from baton.api.gateway.tokens import PromptCounter
+from baton.core import errors
+from baton.core import models as m
+
+
+class ContextLengthError(errors.ValidationError):
+    code = "context_length_exceeded"
+
+
+class UnsupportedParameterError(errors.ValidationError):
+    code = "unsupported_parameter"
+
+
+class ModelNotAvailableError(errors.UnavailableError):
+    code = "model_not_available"
+
+
+@dataclass(slots=True)
+class Call:
+    """One validated request, ready to be forwarded."""
+
+    endpoint: str  # "chat/completions" | "completions"
+    payload: dict[str, Any]
+    grant: ModelGrant
+    prompt_tokens: int
+    completion_budget: int  # tokens reserved for the answer (all choices)
+    stream: bool
+
+
+#: Parameters Baton does not serve, with the reason a client gets.
+UNSUPPORTED: dict[str, str] = {
+    "audio": "Audio output is not supported.",
+    "prediction": "Predicted outputs are not supported.",
+    "web_search_options": "Web search is not supported.",
+    "background": "Background responses are not supported.",
+}
+
+
+def check_parameters(payload: dict[str, Any]) -> None:
+    """Rejects what Baton does not serve (OpenAI error, 400), before any upstream work."""
+    for name, why in UNSUPPORTED.items():
+        if payload.get(name) is not None:
+            raise UnsupportedParameterError(why, param=name)
+    modalities = payload.get("modalities")
+    if isinstance(modalities, list) and any(x != "text" for x in modalities):
+        raise UnsupportedParameterError("Only text output is supported.", param="modalities")
+    if payload.get("store"):
+        raise UnsupportedParameterError("Baton does not store completions; omit `store`.", param="store")
+    n = payload.get("n")
+    if n is not None and n > MAX_N:
+        raise UnsupportedParameterError(f"At most {MAX_N} choices per request.", param="n")
+
+
+class Gateway:
+    """Built once per process by the app's lifespan; the routes call :meth:`forward`."""
+
+    def __init__(
+        self,
+        *,
+        principals: PrincipalCache,
+        listener: InvalidationListener | None,
+        limiter: RateLimiter,
+        meter: UsageMeter,
+        router: Router,
+        client: httpx.AsyncClient,
+        prompts: PromptCounter | None = None,
+        default_completion_budget: int = 1024,
+    ) -> None:
+        self.principals = principals
+        self.listener = listener
+        self.limiter = limiter
+        self.meter = meter
+        self.router = router
+        self.client = client
+        self.prompts = prompts or PromptCounter()
+        self.default_completion_budget = default_completion_budget
+
+    async def start(self) -> None:
+        await self.meter.start()
+        await self.limiter.start()
+        if self.listener is not None:
+            await self.listener.start()
+
+    async def stop(self) -> None:
+        if self.listener is not None:
+            await self.listener.stop()
+        await self.limiter.stop()
+        await self.meter.stop()
+
+    # -- validation ---------------------------------------------------------------------------
+
+    async def prepare_chat(self, principal: Principal, payload: dict[str, Any]) -> Call:
+        grant = principal.model(payload["model"])
+        check_parameters(payload)
+        text, overhead = self.prompts.chat_text(payload["messages"])
+        prompt = await self._count(text, grant, overhead)
+        limit = payload.get("max_completion_tokens") or payload.get("max_tokens")
+        return self._call("chat/completions", payload, grant, prompt, limit, choices=payload.get("n") or 1)
+
+    async def prepare_completion(self, principal: Principal, payload: dict[str, Any]) -> Call:
+        from baton.api.gateway.tokens import count_completion_prompt, prompt_count
+
+        grant = principal.model(payload["model"])
+        check_parameters(payload)
+        prompt_value = payload["prompt"]
+        if isinstance(prompt_value, str):
+            prompt = await self._count(prompt_value, grant, 0)
+        else:
+            prompt = count_completion_prompt(prompt_value, self.prompts, source=grant.source,
+                                             context_length=grant.context_length)
+        choices = (payload.get("n") or 1) * prompt_count(prompt_value)
+        return self._call("completions", payload, grant, prompt, payload.get("max_tokens") or 16, choices=choices)
+
+    async def _count(self, text: str, grant: ModelGrant, overhead: int) -> int:
+        """Prompt tokens; a long prompt may be tokenized for real, in a worker thread."""
+        count = self.prompts.count
+        if len(text) * 8 < grant.context_length:  # < context/2 in UTF-8 bytes: the estimate is enough
+            return count(text, source=grant.source, context_length=grant.context_length, overhead=overhead)[0]
+        tokens, _ = await asyncio.to_thread(
+            count, text, source=grant.source, context_length=grant.context_length, overhead=overhead)
+        return tokens
+
+    def _call(self, endpoint: str, payload: dict[str, Any], grant: ModelGrant, prompt: int,
+              max_tokens: int | None, *, choices: int) -> Call:
+        ctx = grant.context_length
+        if prompt + (max_tokens or 0) > ctx:
+            raise ContextLengthError(
+                f"This model's maximum context length is {ctx} tokens. However, you requested about "
+                f"{prompt + (max_tokens or 0)} tokens ({prompt} in the messages, {max_tokens or 0} in the "
+                "completion). Please reduce the length of the messages or completion.",
+                param="messages" if endpoint == "chat/completions" else "prompt",
+            )
+        budget = max_tokens if max_tokens is not None else min(max(ctx - prompt, 1), self.default_completion_budget)
+        return Call(endpoint, payload, grant, prompt, budget * max(choices, 1), bool(payload.get("stream")))
+
+    # -- forwarding ---------------------------------------------------------------------------
+
+    async def forward(self, principal: Principal, call: Call, *, traceparent: str | None) -> Response:
+        if not self.meter.accepting:
+            raise errors.UnavailableError("The gateway is busy. Retry shortly.", headers={"retry-after": "1"})
+        upstream = await self.router.resolve(call.grant.name)
+        if upstream is None:
+            raise ModelNotAvailableError(f"The model `{call.grant.name}` is not being served right now.",
+                                         headers={"retry-after": "5"})
+        request_id = uuid.uuid4()
+        rid = request_id.hex
+        decision = await self.limiter.admit(rid, principal.limit_scopes, call.prompt_tokens + call.completion_budget)
+        if not decision.allowed:
+            raise _limited(decision.reason, decision.retry_after_s, decision.headers)
+        lease = decision.lease
+
+        payload = call.payload
+        for name in SERVER_FIELDS:
+            payload.pop(name, None)
+        payload["cache_salt"] = principal.cache_salt
+        client_usage = True
+        if call.stream:
+            options = payload.get("stream_options")
+            options = dict(options) if isinstance(options, dict) else {}
+            client_usage = bool(options.get("include_usage"))
+            options["include_usage"] = True
+            payload["stream_options"] = options
+
+        tp, trace_id = trace_context(traceparent)
+        outcome = Outcome(
+            request_id=request_id, tenant_id=principal.tenant_id, api_key_id=principal.key_id,
+            model=call.grant.name, endpoint=call.endpoint, stream=call.stream, started=time.time(),
+            deployment=upstream.deployment, trace_id=trace_id, prompt_tokens=call.prompt_tokens,
+            start_pc=time.perf_counter(),
+        )
+        headers = {"x-request-id": f"req-{rid}", **decision.headers}
+        client = self.client
+        request = client.build_request(
+            "POST", f"{upstream.base_url}/{call.endpoint}", content=orjson.dumps(payload),
+            headers=upstream_headers(rid, tp, stream=call.stream),
+        )
+        try:
+            response = await client.send(request, stream=call.stream)
+        except httpx.HTTPError as exc:
+            err = transport_error(exc)
+            self._end(outcome, lease, m.RequestStatus.FAILED, err.status, err.code)
+            raise err from None
+        except BaseException:
+            self._end(outcome, lease, m.RequestStatus.CANCELLED, 499, "client_disconnected")
+            raise
+
+        if response.status_code != 200:
+            try:
+                content = await response.aread() if call.stream else response.content
+            except httpx.HTTPError:
+                content = b""
+            finally:
+                await response.aclose()
+            err = upstream_error(response.status_code, content)
+            self._end(outcome, lease, m.RequestStatus.FAILED, err.status, err.code)
+            raise err
+
+        if call.stream:
+            return SSERelay(response, outcome, strip_usage=not client_usage, headers=sse_headers(headers),
+                            done=lambda o: self._finish(o, lease))
+        content = response.content
+        try:
+            data = orjson.loads(content)
+            read_usage(data.get("usage") if isinstance(data, dict) else None, outcome)
+        except orjson.JSONDecodeError:
+            self._end(outcome, lease, m.RequestStatus.FAILED, 502, "upstream_error")
+            raise errors.UpstreamError("The model failed to answer. Try again.") from None
+        outcome.metered = True
+        outcome.end_pc = outcome.first_token = time.perf_counter()
+        self._finish(outcome, lease)
+        return Response(content, status_code=200, headers=headers, media_type="application/json")
+
+    def _end(self, outcome: Outcome, lease: Lease | None, status: m.RequestStatus, http_status: int,
+             code: str | None) -> None:
+        outcome.status = status
+        outcome.http_status = http_status
+        outcome.error_code = code
+        outcome.end_pc = time.perf_counter()
+        self._finish(outcome, lease)
+
+    def _finish(self, outcome: Outcome, lease: Lease | None) -> None:
+        """The one end of every admitted request: meter it, correct and release its lease."""
+        self.meter.record(outcome)
+        actual = outcome.prompt_tokens + outcome.completion_tokens if outcome.metered else 0
+        self.limiter.finish(lease, actual)
+
+
+def _limited(reason: int, retry_after: float, headers: dict[str, str]) -> errors.BatonError:
+    all_headers = {**headers, **retry_after_header(retry_after)}
+    if reason == -1:
+        return errors.UnavailableError("Rate limits cannot be checked right now. Retry shortly.",
+                                       headers=all_headers)
+    if reason == DENIED_TOO_LARGE:
+        return errors.RateLimitedError(
+            "Request too large: its prompt and max_tokens exceed your tokens-per-minute limit. "
+            "Reduce max_tokens or the prompt.", headers=all_headers, openai_type="tokens")
+    if reason == DENIED_TOKENS:
+        return errors.RateLimitedError(
+            f"Rate limit reached for tokens per minute. Please try again in {retry_after:.1f}s.",
+            headers=all_headers, openai_type="tokens")
+    if reason == DENIED_CONCURRENCY:
+        return errors.RateLimitedError("Too many concurrent requests. Please try again shortly.",
+                                       headers=all_headers, openai_type="requests")
+    return errors.RateLimitedError(
+        f"Rate limit reached for requests per minute. Please try again in {retry_after:.1f}s.",
+        headers=all_headers, openai_type="requests")
