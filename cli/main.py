@@ -29,6 +29,7 @@ def _mount_optional() -> None:
         ("baton.cli.chaos", "chaos"),
         ("baton.cli.plan", None),
         ("baton.cli.worker", None),
+        ("baton.cli.ops", "ops"),
     ):
         try:
             mod = importlib.import_module(module)
