@@ -106,6 +106,8 @@ async def _handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) ->
                         writer.write(_response("200 OK", b"text/event-stream", stream_body(req, chat), chunked=True))
                     else:
                         writer.write(_response("200 OK", b"application/json", json_body(req, chat)))
+            elif method == b"POST" and path == b"/v1/traces":  # an OTLP/HTTP sink for the gateway's spans
+                writer.write(_response("200 OK", b"application/x-protobuf", b""))
             elif path.endswith(b"/models"):
                 writer.write(_response("200 OK", b"application/json",
                                        b'{"object":"list","data":[{"id":"stub","object":"model","owned_by":"baton"}]}'))

@@ -164,3 +164,86 @@ def stub(
     from baton.bench.stub import main as stub_main
 
     stub_main(["--host", host, "--port", str(port)])
+
+
+@app.command()
+def gateway(  # noqa: PLR0917 - typer options
+    upstream: Annotated[str, typer.Option(
+        "--upstream", help="engine (a bare vLLM server, started here unless --engine-url) or zero (instant stub).")]
+    = "engine",
+    engine_url: Annotated[str | None, typer.Option("--engine-url", help="Use this running engine (OpenAI URL).")]
+    = None,
+    model_dir: Annotated[str, typer.Option("--model-dir", help="Model folder the engine serves.")] = "var/models/tiny",
+    model: Annotated[str, typer.Option("--model", help="Served model name.")] = "tiny",
+    tracing: Annotated[str, typer.Option("--tracing", help="on, off, or both (two Baton arms: tracing cost).")]
+    = "both",
+    litellm: Annotated[bool, typer.Option("--litellm/--no-litellm", help="Include LiteLLM's proxy as an arm.")]
+    = True,
+    concurrency: Annotated[list[int] | None, typer.Option("--concurrency", help="Concurrency (repeat).")] = None,
+    blocks: Annotated[int, typer.Option("--blocks", help="Alternation rounds (A B C, B C A, ...).")] = 8,
+    block_size: Annotated[int, typer.Option("--block-size", help="Requests per arm per block.")] = 8,
+    input_len: Annotated[int, typer.Option("--input-len")] = 128,
+    output_len: Annotated[int, typer.Option("--output-len")] = 32,
+    seed: Annotated[int, typer.Option("--seed")] = 0,
+    db_url: Annotated[str, typer.Option("--db-url", help="Owner URL of the bench database (migrated here).")]
+    = "postgresql+psycopg://postgres@127.0.0.1:5432/baton_bench",
+    throughput_requests: Annotated[int, typer.Option(
+        "--throughput-requests", help="Requests per arm of the throughput phase (default 2000 with zero).")] = 0,
+    throughput_concurrency: Annotated[int, typer.Option("--throughput-concurrency")] = 32,
+    gateway_cpus: Annotated[str | None, typer.Option(
+        "--gateway-cpus", help="Pin the proxies to these CPUs (taskset list, e.g. 1).")] = None,
+    out: OutOpt = None,
+) -> None:
+    """Added latency of Baton's gateway (and of LiteLLM's proxy) over the bare upstream, in one run."""
+    from baton.bench import report
+    from baton.bench.gateway import GatewayConfig, plot, run_gateway
+
+    if upstream not in ("engine", "zero"):
+        raise typer.BadParameter("--upstream is engine or zero")
+    if tracing not in ("on", "off", "both"):
+        raise typer.BadParameter("--tracing is on, off or both")
+    cpus = [int(c) for c in gateway_cpus.split(",")] if gateway_cpus else None
+    cfg = GatewayConfig(upstream=upstream, engine_url=engine_url, model_dir=model_dir, model=model, tracing=tracing,
+                        litellm=litellm, concurrency=list(concurrency or [1]), blocks=blocks, block_size=block_size,
+                        input_len=input_len, output_len=output_len, seed=seed, db_url=db_url,
+                        throughput_requests=throughput_requests, throughput_concurrency=throughput_concurrency,
+                        gateway_cpus=cpus)
+    with _progress() as factory:
+        result = run_gateway(cfg, progress=factory, log=typer.echo)
+    path = report.write_json(_out_path(out, f"gateway-{upstream}"), result)
+    _print_gateway(result)
+    png = plot(path.with_suffix(".png"), result)
+    typer.echo(f"results: {path}" + (f"\nplot: {png}" if png else ""))
+
+
+def _print_gateway(res: dict[str, Any]) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    console = Console(width=max(Console().width, 150))
+    for r in res.get("rounds", []):
+        t = Table(title=f"concurrency {r['concurrency']}: {r['requests_per_arm']} requests per arm (ms)")
+        for col in ("arm", "ok/fail", "TTFT p50", "TTFT p99", "ITL p50", "ITL p99", "E2E p50",
+                    "+TTFT p50", "+TTFT p99", "+ITL p50", "+ITL p99", "proxy CPU/req"):
+            t.add_column(col, justify="right")
+        for name, a in r["arms"].items():
+            add = r["added"].get(name)
+            t.add_row(name, f"{a['completed']}/{a['failed']}", _fmt(a["ttft_ms"]["p50"]), _fmt(a["ttft_ms"]["p99"]),
+                      _fmt(a["itl_ms"]["p50"], 3), _fmt(a["itl_ms"]["p99"], 3), _fmt(a["e2el_ms"]["p50"]),
+                      _fmt(add["ttft_ms"]["p50"], 3) if add else "-", _fmt(add["ttft_ms"]["p99"], 3) if add else "-",
+                      _fmt(add["itl_ms"]["p50"], 3) if add else "-", _fmt(add["itl_ms"]["p99"], 3) if add else "-",
+                      _fmt(a.get("proxy_cpu_ms_per_request"), 2))
+        console.print(t)
+        for k, v in r["ratios"].items():
+            console.print(f"  {k}: " + ", ".join(f"{kk}={_fmt(vv, 3)}" for kk, vv in v.items()))
+    tp = res.get("throughput")
+    if tp:
+        t = Table(title="throughput")
+        for col in ("arm", "req/s", "req per proxy CPU-s", "proxy RSS MB", "TTFT p50", "TTFT p99"):
+            t.add_column(col, justify="right")
+        for name, a in tp.items():
+            t.add_row(name, _fmt(a["requests_per_s"], 0), _fmt(a["requests_per_cpu_s"], 0), _fmt(a["rss_mb"], 0),
+                      _fmt(a["ttft_ms"]["p50"]), _fmt(a["ttft_ms"]["p99"]))
+        console.print(t)
+    for note in res.get("notes", []):
+        console.print(f"[yellow]{note}[/yellow]")

@@ -92,6 +92,21 @@ class TelemetrySettings(BaseModel):
     )
 
 
+class ControlSettings(BaseModel):
+    reconcile_interval_s: float = Field(30.0, gt=0, description="Beat period of the drift-repair reconcile.")
+    apply_attempts: int = Field(4, ge=1, description="Tries of one Serve config PUT before giving up.")
+    apply_backoff_s: float = Field(1.0, ge=0, description="First retry delay of a failed apply (doubles).")
+    ray_timeout_s: float = Field(15.0, gt=0, description="Timeout of one call to the Ray dashboard.")
+    rollup_interval_s: float = Field(900.0, gt=0, description="Beat period of the usage roll-up.")
+    expire_keys_interval_s: float = Field(60.0, gt=0, description="Beat period of key expiry.")
+    prefill_tokens_per_s: float = Field(
+        20000.0, gt=0, description="Prefill throughput of one replica (planner and SLO compilation)."
+    )
+    decode_step_ms: float = Field(5.0, gt=0, description="One decode step of one replica at batch 1 (ms).")
+    decode_ms_per_seq: float = Field(0.3, ge=0, description="Extra decode-step time per batched sequence (ms).")
+    mean_prompt_tokens: int = Field(512, ge=1, description="Prompt length assumed when compiling SLOs.")
+
+
 class Settings(BaseSettings):
     """The whole tree. Build it with :func:`load_settings` at start-up."""
 
@@ -107,6 +122,7 @@ class Settings(BaseSettings):
     gateway: GatewaySettings = Field(default_factory=GatewaySettings)
     security: SecuritySettings = Field(default_factory=SecuritySettings)
     telemetry: TelemetrySettings = Field(default_factory=TelemetrySettings)
+    control: ControlSettings = Field(default_factory=ControlSettings)
 
     def check_production(self) -> None:
         """Refuse to run in prod with the development secrets."""

