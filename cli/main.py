@@ -25,6 +25,7 @@ def _mount_optional() -> None:
         ("baton.cli.serve", "serve"),
         ("baton.cli.stack", None),
         ("baton.cli.keys", "keys"),
+        ("baton.cli.gateway", "gateway"),
         ("baton.cli.bench", "bench"),
         ("baton.cli.chaos", "chaos"),
         ("baton.cli.plan", None),

@@ -16,6 +16,7 @@ instead of serving requests it could not meter. On shutdown the buffer is flushe
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import datetime as dt
 import logging
 import time
@@ -142,13 +143,13 @@ class UsageMeter:
         if self._task is None:
             self._task = asyncio.create_task(self._run(), name="usage-meter")
 
-    async def stop(self, timeout: float = 10.0) -> None:
-        """Stops the loop, then tries to write what is left for up to ``timeout`` seconds."""
+    async def stop(self, drain_s: float = 10.0) -> None:
+        """Stops the loop, then tries to write what is left for up to ``drain_s`` seconds."""
         if self._task is not None:
             self._task.cancel()
             await asyncio.gather(self._task, return_exceptions=True)
             self._task = None
-        deadline = time.monotonic() + timeout
+        deadline = time.monotonic() + drain_s
         while self._buffer and time.monotonic() < deadline:
             if not await self.flush():
                 await asyncio.sleep(0.2)
@@ -178,10 +179,8 @@ class UsageMeter:
     async def _run(self) -> None:
         backoff = self._interval
         while True:
-            try:
+            with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._wake.wait(), timeout=backoff)
-            except TimeoutError:
-                pass
             self._wake.clear()
             ok = True
             while ok and self._buffer:

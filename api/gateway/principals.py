@@ -15,7 +15,7 @@ is back (messages may have been missed). If Postgres is down, entries past their
 from __future__ import annotations
 
 import asyncio
-import datetime as dt
+import contextlib
 import logging
 import time
 import uuid
@@ -25,7 +25,7 @@ from typing import Any
 
 import orjson
 
-from baton.api.gateway.ratelimit import LimitScope, Limits
+from baton.api.gateway.ratelimit import Limits, LimitScope
 from baton.control.keys import INVALIDATION_CHANNEL
 from baton.core import errors
 from baton.core import models as m
@@ -283,11 +283,6 @@ class InvalidationListener:
                 await asyncio.sleep(backoff)
                 backoff = min(backoff * 2, 5.0)
             finally:
-                try:
+                with contextlib.suppress(Exception):  # already broken: nothing left to clean up
                     await pubsub.aclose()
-                except Exception:  # noqa: S110 - already broken; nothing to clean up
-                    pass
 
-
-def utc_from_unix(ts: float | None) -> dt.datetime | None:
-    return dt.datetime.fromtimestamp(ts, dt.UTC) if ts is not None else None

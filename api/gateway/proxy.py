@@ -218,10 +218,9 @@ class SSERelay(Response):
         saw_done = False
         last = outcome.start_pc
         try:
-            async for chunk in self._response.aiter_raw():
+            async for received in self._response.aiter_raw():
                 now = time.perf_counter()
-                if pending:
-                    chunk = pending + chunk
+                chunk = pending + received if pending else received
                 end = chunk.rfind(b"\n\n")
                 if end < 0:
                     pending = chunk

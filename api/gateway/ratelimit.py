@@ -238,7 +238,7 @@ def _duration(ms: float) -> str:
     s = ms / 1000
     if s < 60:
         return f"{s:.3g}s"
-    minutes, sec = divmod(int(round(s)), 60)
+    minutes, sec = divmod(round(s), 60)
     return f"{minutes}m{sec}s"
 
 

@@ -67,6 +67,20 @@ class GatewaySettings(BaseModel):
         description="Static model -> OpenAI base URL routes (e.g. a bare engine in dev/tests). Models not "
         "listed are routed to their running deployment's Serve app: {ray.serve_url}/{deployment name}.",
     )
+    route_cache_ttl_s: float = Field(2.0, gt=0, description="How long deployment routes are cached.")
+    upstream_max_connections: int = Field(1000, ge=1, description="Pooled connections to upstreams per process.")
+    ratelimit_lease_s: float = Field(
+        30.0, gt=0, description="Concurrency lease: renewed while a request runs, expires if its process dies."
+    )
+    ratelimit_fail_open: bool = Field(
+        True, description="When Redis is unreachable: serve without limits (true) or refuse with 503 (false)."
+    )
+    usage_buffer_max: int = Field(
+        100_000, ge=1, description="Unwritten usage records held while Postgres is down; beyond it: 503."
+    )
+    default_completion_budget: int = Field(
+        1024, ge=1, description="Tokens reserved against TPM for a request without max_tokens."
+    )
 
 
 class SecuritySettings(BaseModel):
