@@ -1,0 +1,10 @@
+"""``/admin/v1``: every admin route, behind admin credentials, answering errors as problem details."""
+
+from fastapi import APIRouter
+
+from . import deployments, keys, limits, models, records, slo, tenants, users
+from .problems import PROBLEM_RESPONSES, ProblemRoute
+
+router = APIRouter(route_class=ProblemRoute, responses=PROBLEM_RESPONSES)
+for module in (tenants, users, keys, limits, models, deployments, slo, records):
+    router.include_router(module.router)

@@ -1,0 +1,338 @@
+"""The reconciler: makes Ray Serve run what Postgres says, and writes back what Serve really runs.
+
+One pass (:meth:`Reconciler.reconcile`):
+
+1. Take the reconcile lock (a Postgres advisory lock held for the pass): two passes never interleave.
+2. Read every deployment. Those with ``desired_state = running`` become one Serve application each
+   (:func:`baton.control.spec.deployment_spec` -> :func:`baton.dataplane.render.render_serve_config`);
+   a row the data plane would refuse is marked ``failed`` with the reason and left out.
+3. Read Serve's status. If it already runs exactly these applications, nothing is sent (idempotent);
+   otherwise the whole config is ``PUT``, retried with exponential backoff. A rejected or failing apply
+   changes nothing in the database except the reason: the rows keep reporting what Serve runs.
+4. Read Serve's status again and write it into the rows (``observed_state``, ``observed_reason``,
+   ``observed_generation`` = the generation Serve runs, if it runs this row's current spec). Rows whose
+   ``desired_state`` is ``deleted`` are removed once Serve no longer has their application.
+
+Every apply, state change and removal is an ``audit_log`` row (actor ``system:reconciler``). Observed
+fields are written with plain UPDATEs that leave the row's ``version`` (its ETag) alone: the ETag
+changes only when someone changes the desired state.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import hashlib
+import json
+import logging
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from sqlalchemy import delete, select, text, update
+
+from baton.control.audit import jsonable
+from baton.control.ray_client import APP_STATUS_TO_OBSERVED, ServeClient, ServeStatus
+from baton.control.slo import EngineThroughput
+from baton.control.spec import deployment_spec, throughput_from
+from baton.core import errors
+from baton.core import models as m
+from baton.core.db import Database, UnitOfWork, translated
+from baton.dataplane.render import render_serve_config
+
+log = logging.getLogger(__name__)
+
+ACTOR = "system:reconciler"
+#: Key of the advisory lock that serialises reconcile passes across workers.
+LOCK_KEY = int.from_bytes(hashlib.sha256(b"baton.reconciler").digest()[:8], "big", signed=True)
+
+
+@dataclass
+class ReconcileResult:
+    """What one pass did."""
+
+    locked: bool = True
+    applied: bool = False
+    apply_error: str | None = None
+    apply_rejected: bool = False
+    apps: list[str] = field(default_factory=list)
+    states: dict[str, str] = field(default_factory=dict)
+    removed: list[str] = field(default_factory=list)
+
+    @property
+    def converged(self) -> bool:
+        """Everything desired runs (or is gone); nothing is still on its way."""
+        return self.locked and self.apply_error is None and all(
+            s in ("running", "stopped", "failed") for s in self.states.values()
+        )
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "locked": self.locked, "applied": self.applied, "apply_error": self.apply_error,
+            "apps": self.apps, "states": self.states, "removed": self.removed, "converged": self.converged,
+        }
+
+
+@dataclass(frozen=True)
+class _Row:
+    id: uuid.UUID
+    name: str
+    desired: str
+    observed: str
+    reason: str | None
+    generation: int
+    observed_generation: int
+
+
+class Reconciler:
+    def __init__(
+        self,
+        db: Database,
+        client: ServeClient,
+        *,
+        http_port: int = 8001,
+        attempts: int = 4,
+        backoff_s: float = 1.0,
+        throughput: Callable[[dict[str, Any]], EngineThroughput] | None = None,
+        sleep: Callable[[float], None] = time.sleep,
+    ) -> None:
+        self.db = db
+        self.client = client
+        self.http_port = http_port
+        self.attempts = attempts
+        self.backoff_s = backoff_s
+        self.throughput = throughput
+        self.sleep = sleep
+
+    @classmethod
+    def from_settings(cls, settings: Any, db: Database, client: ServeClient) -> Reconciler:
+        return cls(
+            db, client,
+            http_port=settings.ray.serve_http_port,
+            attempts=settings.control.apply_attempts,
+            backoff_s=settings.control.apply_backoff_s,
+            throughput=lambda engine: throughput_from(settings, engine),
+        )
+
+    # -- the pass ----------------------------------------------------------------------------------
+
+    def reconcile(self) -> ReconcileResult:
+        with self.db.system() as lock_uow:
+            with translated():
+                got = lock_uow.session.execute(
+                    text("SELECT pg_try_advisory_xact_lock(:k)"), {"k": LOCK_KEY}
+                ).scalar()
+            if not got:
+                return ReconcileResult(locked=False)
+            return self._pass()
+
+    def _pass(self) -> ReconcileResult:
+        result = ReconcileResult()
+        rows, entries, invalid = self._desired()
+        config = render_serve_config([], http_port=self.http_port)
+        config["applications"] = entries
+        result.apps = [e["name"] for e in entries]
+
+        status = self._status()
+        if status is None:
+            self._unreachable(rows)
+            result.apply_error = "The Ray dashboard is unreachable."
+            result.states = {r.name: "unhealthy" for r in rows.values() if r.desired == "running"}
+            return result
+
+        if not _runs_exactly(status, entries):
+            error, rejected = self._apply(config, status)
+            result.apply_rejected = rejected
+            if error is None:
+                result.applied = True
+                status = self._status() or status
+            else:
+                result.apply_error = error
+
+        self._observe(rows, entries, invalid, status, result)
+        return result
+
+    def _desired(self) -> tuple[dict[uuid.UUID, _Row], list[dict[str, Any]], dict[uuid.UUID, str]]:
+        """Rows, the Serve application entries of those that should run, and the invalid ones."""
+        from baton.dataplane.render import render_serve_application
+
+        rows: dict[uuid.UUID, _Row] = {}
+        entries: list[dict[str, Any]] = []
+        invalid: dict[uuid.UUID, str] = {}
+        with self.db.system() as uow:
+            deps = uow.deployments.list()
+            models = {mod.id: mod for mod in uow.models.list()}
+            policies = {p.id: p for p in uow.slo_policies.list()}
+            for d in deps:
+                rows[d.id] = _Row(d.id, d.name, d.desired_state.value, d.observed_state.value, d.observed_reason,
+                                  d.generation, d.observed_generation)
+                if d.desired_state is not m.DesiredState.RUNNING:
+                    continue
+                policy = policies.get(d.slo_policy_id) if d.slo_policy_id else None
+                tp = self.throughput(d.engine_settings or {}) if (policy and self.throughput) else None
+                try:
+                    spec = deployment_spec(d, models[d.model_id], policy=policy, throughput=tp)
+                except errors.ValidationError as exc:
+                    invalid[d.id] = exc.message
+                    continue
+                entries.append(render_serve_application(spec))
+        return rows, entries, invalid
+
+    def _status(self) -> ServeStatus | None:
+        try:
+            return self.client.status()
+        except errors.BatonError as exc:
+            log.warning("reading Serve status failed: %s", exc.message)
+            return None
+
+    def _apply(self, config: dict[str, Any], before: ServeStatus) -> tuple[str | None, bool]:
+        """PUTs the config with retries; returns the final error (None: accepted) and whether Serve
+        rejected the config itself (no retry helps then)."""
+        delay = self.backoff_s
+        error = "not attempted"
+        for attempt in range(1, self.attempts + 1):
+            try:
+                self.client.apply(config)
+            except errors.BatonError as exc:
+                error = str(exc.message)
+                if exc.extra.get("rejected"):
+                    self._audit_apply(config, before, attempt, error)
+                    return error, True
+                log.warning("Serve apply attempt %d/%d failed: %s", attempt, self.attempts, error)
+                if attempt < self.attempts:
+                    self.sleep(delay)
+                    delay *= 2
+                continue
+            self._audit_apply(config, before, attempt, None)
+            return None, False
+        self._audit_apply(config, before, self.attempts, error)
+        return error, False
+
+    def _audit_apply(self, config: dict[str, Any], before: ServeStatus, attempts: int, error: str | None) -> None:
+        digest = hashlib.sha256(json.dumps(config, sort_keys=True).encode()).hexdigest()[:16]
+        with self.db.system() as uow:
+            uow.audit.record(
+                actor=ACTOR,
+                action="serve.apply" if error is None else "serve.apply_failed",
+                target_type="serve_config",
+                target_id=digest,
+                before={"applications": sorted(before.apps)},
+                after=jsonable({"applications": [a["name"] for a in config["applications"]],
+                                "attempts": attempts, "error": error}),
+            )
+            uow.commit()
+
+    def _unreachable(self, rows: dict[uuid.UUID, _Row]) -> None:
+        # Serve's state is unknown: never keep claiming "running".
+        with self.db.system() as uow:
+            for r in rows.values():
+                if r.desired == "running" and r.observed in ("running", "deploying", "pending"):
+                    self._write(uow, r, "unhealthy", "The Ray dashboard is unreachable.", None)
+            uow.commit()
+
+    def _observe(
+        self,
+        rows: dict[uuid.UUID, _Row],
+        entries: list[dict[str, Any]],
+        invalid: dict[uuid.UUID, str],
+        status: ServeStatus,
+        result: ReconcileResult,
+    ) -> None:
+        by_name = {e["name"]: e for e in entries}
+        state: str
+        reason: str | None
+        gen: int
+        with self.db.system() as uow:
+            for r in rows.values():
+                app = status.apps.get(r.name)
+                if r.id in invalid:
+                    state, reason = "failed", invalid[r.id]
+                    gen = r.observed_generation
+                elif r.desired == "running":
+                    entry = by_name[r.name]
+                    if app is None:
+                        state = "deploying" if result.applied else "pending"
+                        reason = f"apply failed: {result.apply_error}" if result.apply_error else None
+                        if result.apply_rejected:
+                            state = "failed"
+                        gen = r.observed_generation
+                    else:
+                        state = APP_STATUS_TO_OBSERVED.get(app.status, "deploying")
+                        current = app.matches(entry)
+                        gen = r.generation if current else r.observed_generation
+                        reason = app.message or None
+                        if result.apply_error and not current:
+                            # Serve still runs the older spec (observed_generation says which).
+                            reason = f"apply failed: {result.apply_error}"
+                            if result.apply_rejected:
+                                state = "failed"
+                        elif not current and state == "running":
+                            state = "deploying"
+                    result.states[r.name] = state
+                elif app is not None:  # stopped or deleted, but Serve still has it
+                    state, reason, gen = "deploying", f"removing ({app.status.lower()})", r.observed_generation
+                    if result.apply_error:
+                        reason = f"apply failed: {result.apply_error}"
+                    result.states[r.name] = state
+                elif r.desired == "deleted":
+                    self._remove(uow, r)
+                    result.removed.append(r.name)
+                    continue
+                else:
+                    state, reason, gen = "stopped", None, r.generation
+                    result.states[r.name] = state
+                self._write(uow, r, state, reason, gen)
+            uow.commit()
+
+    def _write(self, uow: UnitOfWork, r: _Row, state: str, reason: str | None, gen: int | None) -> None:
+        gen = r.observed_generation if gen is None else gen
+        if (state, reason, gen) == (r.observed, r.reason, r.observed_generation):
+            return
+        with translated():
+            uow.session.execute(
+                update(m.Deployment)
+                .where(m.Deployment.id == r.id)
+                .values(observed_state=m.ObservedState(state), observed_reason=reason,
+                        observed_generation=gen, observed_at=dt.datetime.now(dt.UTC))
+                .execution_options(synchronize_session=False)
+            )
+        if (state, gen) != (r.observed, r.observed_generation):
+            uow.audit.record(
+                actor=ACTOR, action="deployment.observed", target_type="deployment", target_id=str(r.id),
+                before={"observed_state": r.observed, "observed_generation": r.observed_generation},
+                after={"observed_state": state, "observed_generation": gen, "reason": reason},
+            )
+
+    def _remove(self, uow: UnitOfWork, r: _Row) -> None:
+        with translated():
+            uow.session.execute(
+                delete(m.Deployment)
+                .where(m.Deployment.id == r.id, m.Deployment.desired_state == m.DesiredState.DELETED)
+                .execution_options(synchronize_session=False)
+            )
+        uow.audit.record(
+            actor=ACTOR, action="deployment.removed", target_type="deployment", target_id=str(r.id),
+            before={"name": r.name, "observed_state": r.observed}, after=None,
+        )
+
+
+def _runs_exactly(status: ServeStatus, entries: list[dict[str, Any]]) -> bool:
+    if set(status.apps) != {e["name"] for e in entries}:
+        return False
+    return all(status.apps[e["name"]].matches(e) for e in entries)
+
+
+def deployment_status(db: Database, deployment_id: uuid.UUID) -> dict[str, Any]:
+    """The status the admin API shows (from Postgres: what the reconciler last saw)."""
+    with db.system() as uow:
+        with translated():
+            d = uow.session.scalar(select(m.Deployment).where(m.Deployment.id == deployment_id))
+        if d is None:
+            raise errors.NotFoundError(f"No deployment with id {deployment_id}.")
+        return {
+            "id": str(d.id), "name": d.name, "desired_state": d.desired_state.value,
+            "observed_state": d.observed_state.value, "observed_reason": d.observed_reason,
+            "generation": d.generation, "observed_generation": d.observed_generation,
+            "observed_at": d.observed_at.isoformat() if d.observed_at else None,
+        }
