@@ -48,11 +48,16 @@ class RaySettings(BaseModel):
     dashboard_url: str = Field("http://127.0.0.1:8265", description="Ray dashboard / Serve REST API.")
     token_file: Path = Field(Path.home() / ".ray" / "auth_token", description="Dashboard auth token.")
     serve_http_port: int = Field(8001, description="Ray Serve's HTTP proxy (the gateway owns 8000).")
+    serve_host: str = Field(
+        "127.0.0.1",
+        description="Host the gateway reaches Ray Serve's HTTP proxy on (in Kubernetes: KubeRay's serve "
+        "Service, e.g. baton-ray-serve-svc).",
+    )
     num_cpus: int = Field(8, ge=1, description="Logical CPUs the local head advertises.")
 
     @property
     def serve_url(self) -> str:
-        return f"http://127.0.0.1:{self.serve_http_port}"
+        return f"http://{self.serve_host}:{self.serve_http_port}"
 
 
 class GatewaySettings(BaseModel):

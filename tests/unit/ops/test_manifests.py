@@ -127,7 +127,8 @@ def test_gateway_rolls_without_dropping_requests(overlay: str) -> None:
     (gw,) = pod["containers"]
     assert "replicas" not in dep["spec"], "the HPA owns the replica count"
     assert dep["spec"]["strategy"]["rollingUpdate"]["maxUnavailable"] == 0
-    assert gw["readinessProbe"]["httpGet"]["path"] == "/readyz"
+    assert gw["readinessProbe"]["httpGet"]["path"] == "/healthz"
+    assert gw["command"][:3] == ["baton", "gateway", "run"]
     assert gw["lifecycle"]["preStop"]
     assert pod["terminationGracePeriodSeconds"] >= 310  # preStop + the longest stream
     hpa = k8s.by_kind(docs, "HorizontalPodAutoscaler")["baton-gateway"]
@@ -204,3 +205,28 @@ def test_ray_pods_mount_what_the_serve_config_points_at(overlay: str) -> None:
             assert any(p == m or p.startswith(m.rstrip("/") + "/") for m in mounts), (g["groupName"], p)
         ports = {p["name"]: p["containerPort"] for p in c["ports"]}
         assert ports["serve"] == config["http_options"]["port"]
+
+
+@pytest.mark.parametrize("overlay", k8s.OVERLAYS)
+def test_config_map_settings_are_baton_settings_and_reach_the_ray_services(overlay: str) -> None:
+    """Every BATON_* variable in baton-config is a field of Settings (a typo would be ignored silently),
+    and the gateway's Serve URL points at KubeRay's serve Service."""
+    from baton.core.settings import Settings
+
+    docs = k8s.render(overlay)
+    (cm,) = [d for d in docs if d["kind"] == "ConfigMap" and d["metadata"]["name"].startswith("baton-config")]
+    pending = {"BATON_RAY__SERVE_HTTP_HOST"}  # read by the reconciler once it renders the proxy's bind host
+    for key in cm["data"]:
+        if key in pending:
+            continue
+        parts = key.removeprefix("BATON_").lower().split("__")
+        model: type = Settings
+        for part in parts:
+            assert part in model.model_fields, f"{key}: no such setting"
+            model = model.model_fields[part].annotation  # type: ignore[assignment]
+    settings = Settings.model_validate({})
+    ray = settings.ray.model_copy(update={"serve_host": cm["data"]["BATON_RAY__SERVE_HOST"],
+                                          "serve_http_port": int(cm["data"]["BATON_RAY__SERVE_HTTP_PORT"])})
+    rs = k8s.by_kind(docs, "RayService")["baton-ray"]
+    assert ray.serve_url == f"http://{rs['metadata']['name']}-serve-svc:8000"
+    assert cm["data"]["BATON_RAY__DASHBOARD_URL"] == f"http://{rs['metadata']['name']}-head-svc:8265"
