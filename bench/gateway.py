@@ -311,5 +311,6 @@ def plot(path: Path, res: dict[str, Any]) -> Path | None:
         for name, a in r["added"].items():
             groups[f"c={r['concurrency']} {name}"] = {"TTFT p50": a["ttft_ms"]["p50"], "TTFT p99": a["ttft_ms"]["p99"],
                                                       "ITL p50": a["itl_ms"]["p50"], "E2E p50": a["e2el_ms"]["p50"]}
-    return report.plot_bars(path, groups, title=f"added latency vs direct ({res['config']['upstream']} upstream)",
-                            ylabel="ms")
+    png: Path = report.plot_bars(path, groups, ylabel="ms",
+                                 title=f"added latency vs direct ({res['config']['upstream']} upstream)")
+    return png

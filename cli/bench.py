@@ -247,3 +247,50 @@ def _print_gateway(res: dict[str, Any]) -> None:
         console.print(t)
     for note in res.get("notes", []):
         console.print(f"[yellow]{note}[/yellow]")
+
+
+@app.command()
+def handoff(  # noqa: PLR0917 - typer options
+    shape: Annotated[list[str] | None, typer.Option(
+        "--shape", help="Model shapes: tiny (1 KiB KV/token) and bench (32 KiB/token); repeat.")] = None,
+    prompt_len: Annotated[list[int] | None, typer.Option(
+        "--prompt-len", help="Prompt lengths in tokens (repeat; default 256 512 1024 2048 3584).")] = None,
+    repeats: Annotated[int, typer.Option("--repeats", help="Requests per prompt length.")] = 3,
+    output_len: Annotated[int, typer.Option("--output-len")] = 8,
+    seed: Annotated[int, typer.Option("--seed")] = 0,
+    out: OutOpt = None,
+) -> None:
+    """KV handoff time in P/D mode (two vLLM servers, NIXL on loopback) against KV bytes / memcpy bandwidth."""
+    from baton.bench import report
+    from baton.bench.handoff import HandoffConfig, plot, run_handoff
+    from baton.core.settings import load_settings
+
+    cfg = HandoffConfig(shapes=list(shape or ["tiny", "bench"]),
+                        prompt_lens=list(prompt_len or [256, 512, 1024, 2048, 3584]),
+                        repeats=repeats, output_len=output_len, seed=seed)
+    link = load_settings().telemetry.link_bandwidth_gbps
+    with _progress() as factory:
+        result = run_handoff(cfg, link_gbps=link, log=typer.echo, progress=factory)
+    path = report.write_json(_out_path(out, "handoff"), result)
+    _print_handoff(result)
+    typer.echo(f"results: {path}\nplot: {plot(path.with_suffix('.png'), result)}")
+
+
+def _print_handoff(res: dict[str, Any]) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    console = Console(width=max(Console().width, 150))
+    mem = res["memcpy"]
+    console.print(f"memcpy {mem['best_GBps']:.2f} GB/s (best), link setting {res['link_bandwidth_GBps']} GB/s")
+    for s in res["shapes"]:
+        t = Table(title=f"{s['shape']}: {s['kv_bytes_per_token']} B of KV per token (medians, ms)")
+        for col in ("prompt", "KV MB", "NIXL MB", "NIXL xfer", "ideal memcpy", "efficiency", "client handoff",
+                    "eff. (client)", "prefill", "decode TTFT", "failed"):
+            t.add_column(col, justify="right")
+        for r in s["by_length"]:
+            t.add_row(str(r["prompt_len"]), _fmt(r["kv_bytes"] / 1e6, 2), _fmt((r["nixl_bytes"] or 0) / 1e6, 2),
+                      _fmt(r["nixl_xfer_ms"], 3), _fmt(r["ideal_memcpy_ms"], 3), _fmt(r["efficiency"], 3),
+                      _fmt(r["client_handoff_ms"], 2), _fmt(r["efficiency_client"], 3), _fmt(r["prefill_ms"], 1),
+                      _fmt(r["decode_ttft_ms"], 1), str(r["failed_transfers"]))
+        console.print(t)
