@@ -1,0 +1,139 @@
+"""The console backend: ``/console/api`` (JSON for the front end in ``web/``).
+
+Sign-up, sign-in and sessions live here; the tenant pages in :mod:`baton.api.console.tenant` and the
+operator pages in :mod:`baton.api.console.operator` hang off the same router.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from fastapi import APIRouter, Request, Response
+from pydantic import BaseModel, ConfigDict, Field
+
+from baton.api.console import operator, static, tenant
+from baton.api.console.auth import COOKIE_NAME, Account, ConsoleUser, NewSession, hash_password
+from baton.api.console.routes import ConsoleRoute, Ctx, User
+from baton.control.audit import snapshot
+from baton.core import errors
+from baton.core import models as m
+
+API_PREFIX = "/console/api"
+
+api = APIRouter(prefix=API_PREFIX, route_class=ConsoleRoute)
+
+_EMAIL = re.compile(r"^[^@\s]{1,64}@[^@\s]+\.[^@\s]+$")
+
+
+class _In(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class SignUp(_In):
+    organisation: str = Field(min_length=1, max_length=200, description="Display name of the new tenant.")
+    tenant_name: str = Field(pattern=r"^[a-z0-9][a-z0-9-]{0,63}$", max_length=64,
+                             description="The tenant's id: lower-case letters, digits and '-'.")
+    email: str = Field(min_length=3, max_length=320)
+    password: str = Field(min_length=1, max_length=256)
+
+
+class SignIn(_In):
+    email: str = Field(min_length=1, max_length=320)
+    password: str = Field(min_length=1, max_length=256)
+
+
+def _client_ip(request: Request) -> str:
+    return request.client.host if request.client else "unknown"
+
+
+def tenant_json(t: m.Tenant) -> dict[str, Any]:
+    return {"id": str(t.id), "name": t.name, "display_name": t.display_name}
+
+
+def session_json(user: ConsoleUser, tenant: dict[str, Any] | None) -> dict[str, Any]:
+    return {
+        "user": {"id": str(user.user_id), "email": user.email, "role": user.role.value},
+        "tenant": tenant,
+        "csrf_token": user.csrf_token,
+    }
+
+
+def _set_cookie(ctx: Ctx, response: Response, s: NewSession) -> None:
+    response.set_cookie(
+        COOKIE_NAME, s.token, max_age=int(ctx.sessions.ttl.total_seconds()), path="/", httponly=True,
+        samesite="strict", secure=ctx.settings.security.secure_cookies,
+    )
+
+
+def _tenant(ctx: Ctx, user: ConsoleUser) -> dict[str, Any] | None:
+    if user.tenant_id is None:
+        return None
+    with ctx.db.tenant(user.tenant_id) as uow:
+        return tenant_json(uow.tenants.require(user.tenant_id))
+
+
+@api.post("/signup", status_code=201, tags=["console: session"])
+def sign_up(body: SignUp, ctx: Ctx, request: Request, response: Response) -> dict[str, Any]:
+    """Creates a tenant and its first admin user, and signs them in."""
+    email = body.email.strip()
+    if not _EMAIL.match(email):
+        raise errors.ValidationError("Enter a valid email address.", param="email")
+    password_hash = hash_password(body.password)
+    actor = f"console:{email}"
+    with ctx.db.system() as uow:
+        if uow.users.by_email(email) is not None:
+            raise errors.ConflictError("A user with this email already exists; sign in instead.", param="email")
+        if uow.tenants.by_name(body.tenant_name) is not None:
+            raise errors.ConflictError("This tenant id is taken; choose another.", param="tenant_name")
+        t = uow.tenants.add(m.Tenant(name=body.tenant_name, display_name=body.organisation.strip()))
+        uow.audit.record(actor=actor, action="tenant.signup", target_type="tenant", target_id=str(t.id),
+                         tenant_id=t.id, after=snapshot(t))
+        user = uow.users.add(m.User(tenant_id=t.id, email=email, password_hash=password_hash,
+                                    role=m.UserRole.TENANT_ADMIN))
+        uow.audit.record(actor=actor, action="user.create", target_type="user", target_id=str(user.id),
+                         tenant_id=t.id, after=snapshot(user))
+        uow.commit()
+        tenant = tenant_json(t)
+        account = Account.of(user)
+    s = ctx.sessions.start(account)
+    _set_cookie(ctx, response, s)
+    return session_json(s.user, tenant)
+
+
+@api.post("/login", tags=["console: session"])
+def sign_in(body: SignIn, ctx: Ctx, request: Request, response: Response) -> dict[str, Any]:
+    ip = _client_ip(request)
+    ctx.throttle.check(body.email, ip)
+    try:
+        user = ctx.sessions.authenticate(body.email, body.password)
+    except errors.AuthenticationError:
+        ctx.throttle.failed(body.email, ip)
+        raise
+    ctx.throttle.succeeded(body.email)
+    s = ctx.sessions.start(user)
+    _set_cookie(ctx, response, s)
+    return session_json(s.user, _tenant(ctx, s.user))
+
+
+@api.post("/logout", status_code=204, tags=["console: session"])
+def sign_out(ctx: Ctx, user: User, request: Request) -> Response:
+    ctx.sessions.end(request.cookies.get(COOKIE_NAME))
+    out = Response(status_code=204)
+    out.delete_cookie(COOKIE_NAME, path="/", httponly=True, samesite="strict",
+                      secure=ctx.settings.security.secure_cookies)
+    return out
+
+
+@api.get("/session", tags=["console: session"])
+def current_session(ctx: Ctx, user: User) -> dict[str, Any]:
+    return session_json(user, _tenant(ctx, user))
+
+
+api.include_router(tenant.router)
+api.include_router(operator.router)
+
+#: What the API process mounts: the JSON API under ``/console/api`` and the front end under ``/console/``.
+router = APIRouter()
+router.include_router(api)
+router.include_router(static.router)

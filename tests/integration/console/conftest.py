@@ -1,0 +1,131 @@
+"""Console fixtures: the console and admin routers on real Postgres and Redis, through TestClient."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+
+import pytest
+from fastapi import FastAPI
+from fastapi.testclient import TestClient
+
+from baton.core import models as m
+from baton.core.db import Database
+
+PASSWORD = "correct horse battery staple"
+
+
+class Recorder:
+    def __init__(self) -> None:
+        self.reconciles: list[str] = []
+
+    def trigger(self, reason: str) -> None:
+        self.reconciles.append(reason)
+
+    def invalidate(self, kind: str, id_: uuid.UUID | None) -> None:
+        return None
+
+
+@pytest.fixture(scope="session")
+def console_recorder() -> Recorder:
+    return Recorder()
+
+
+@pytest.fixture(scope="session")
+def console_app(settings, db, console_recorder) -> FastAPI:  # type: ignore[no-untyped-def]
+    import redis
+
+    from baton.api.admin.deps import AdminContext
+    from baton.api.console.context import ConsoleContext
+    from baton.api.console.router import router
+    from baton.api.errors import install_error_handlers
+    from baton.control.keys import KeyService
+
+    app = FastAPI(title="Baton console (test)")
+    install_error_handlers(app)
+    app.include_router(router)
+    app.state.settings = settings
+    app.state.db = db
+    ctx = ConsoleContext.from_settings(settings, db, redis_client=redis.Redis.from_url(settings.redis.url))
+    app.state.console = ctx
+    app.state.admin = AdminContext(settings=settings, db=db, keys=KeyService(db, settings),
+                                   trigger_reconcile=console_recorder.trigger,
+                                   invalidate=console_recorder.invalidate)
+    return app
+
+
+@dataclass
+class Session:
+    client: TestClient
+    csrf: str
+    tenant_id: uuid.UUID | None
+    email: str
+
+    def post(self, url: str, **kw):  # type: ignore[no-untyped-def]
+        return self.client.post(url, headers={"x-csrf-token": self.csrf, **kw.pop("headers", {})}, **kw)
+
+    def put(self, url: str, **kw):  # type: ignore[no-untyped-def]
+        return self.client.put(url, headers={"x-csrf-token": self.csrf, **kw.pop("headers", {})}, **kw)
+
+    def patch(self, url: str, **kw):  # type: ignore[no-untyped-def]
+        return self.client.patch(url, headers={"x-csrf-token": self.csrf, **kw.pop("headers", {})}, **kw)
+
+    def get(self, url: str, **kw):  # type: ignore[no-untyped-def]
+        return self.client.get(url, **kw)
+
+
+@pytest.fixture()
+def client(console_app) -> Iterator[TestClient]:  # type: ignore[no-untyped-def]
+    with TestClient(console_app) as c:
+        yield c
+
+
+SignUp = Callable[..., Session]
+
+
+@pytest.fixture()
+def sign_up(console_app) -> Iterator[SignUp]:  # type: ignore[no-untyped-def]
+    clients: list[TestClient] = []
+
+    def make() -> Session:
+        c = TestClient(console_app)
+        clients.append(c)
+        slug = f"t-{uuid.uuid4().hex[:10]}"
+        email = f"admin@{slug}.example.com"
+        r = c.post("/console/api/signup", json={"organisation": f"Org {slug}", "tenant_name": slug,
+                                                "email": email, "password": PASSWORD})
+        assert r.status_code == 201, r.text
+        body = r.json()
+        return Session(c, body["csrf_token"], uuid.UUID(body["tenant"]["id"]), email)
+
+    yield make
+    for c in clients:
+        c.close()
+
+
+@pytest.fixture()
+def operator(console_app, db: Database) -> Iterator[Session]:  # type: ignore[no-untyped-def]
+    from baton.api.console.auth import create_operator
+
+    email = f"op-{uuid.uuid4().hex[:8]}@baton.example.com"
+    create_operator(db, email=email, password=PASSWORD, actor="test")
+    with TestClient(console_app) as c:
+        r = c.post("/console/api/login", json={"email": email, "password": PASSWORD})
+        assert r.status_code == 200, r.text
+        yield Session(c, r.json()["csrf_token"], None, email)
+
+
+def add_model(db: Database, name: str | None = None) -> m.Model:
+    with db.system() as uow:
+        model = uow.models.add(m.Model(name=name or f"console-model-{uuid.uuid4().hex[:6]}", source="/nonexistent",
+                                       context_length=2048, num_layers=2, num_kv_heads=2, head_dim=32,
+                                       dtype="float32", params_b=0.01))
+        uow.commit()
+    return model
+
+
+def grant(db: Database, tenant_id: uuid.UUID, model_id: uuid.UUID) -> None:
+    with db.system() as uow:
+        uow.tenant_models.grant(tenant_id, model_id)
+        uow.commit()
