@@ -230,3 +230,26 @@ def test_config_map_settings_are_baton_settings_and_reach_the_ray_services(overl
     rs = k8s.by_kind(docs, "RayService")["baton-ray"]
     assert ray.serve_url == f"http://{rs['metadata']['name']}-serve-svc:8000"
     assert cm["data"]["BATON_RAY__DASHBOARD_URL"] == f"http://{rs['metadata']['name']}-head-svc:8265"
+
+
+@pytest.mark.parametrize("overlay", k8s.OVERLAYS)
+def test_worker_groups_can_hold_every_pool_at_its_maximum(overlay: str) -> None:
+    """The pools' max replicas fit the Ray worker groups: CPU bundles in the CPU group's logical CPUs,
+    GPU replicas in their own pool's node group."""
+    import yaml
+
+    rs = k8s.by_kind(k8s.render(overlay), "RayService")["baton-ray"]
+    groups = {g["groupName"]: g for g in rs["spec"]["rayClusterConfig"]["workerGroupSpecs"]}
+    apps = [a["args"] for a in yaml.safe_load(rs["spec"]["serveConfigV2"])["applications"]]
+    for spec in apps:
+        pools = ["prefill", "decode"] if spec["mode"] == "pd" else ["replicas"]
+        tp = spec["engine"]["tensor_parallel_size"]
+        if spec["device"] == "cpu":
+            need = sum(spec[p]["max"] for p in pools) * tp * spec["cpus_per_replica"]
+            have = sum(float(g["rayStartParams"]["num-cpus"]) * g["maxReplicas"] for g in groups.values())
+            assert need <= have, (spec["name"], need, have)
+        else:
+            for pool in pools:
+                g = groups[pool]
+                gpus = int(g["template"]["spec"]["containers"][0]["resources"]["limits"]["nvidia.com/gpu"])
+                assert spec[pool]["max"] * tp <= gpus * g["maxReplicas"], (spec["name"], pool)
