@@ -9,6 +9,7 @@ one outcome for metering and for correcting the token reservation.
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 import uuid
 from dataclasses import dataclass
@@ -183,25 +184,13 @@ class Gateway:
         if upstream is None:
             raise ModelNotAvailableError(f"The model `{call.grant.name}` is not being served right now.",
                                          headers={"retry-after": "5"})
+        body, client_usage = upstream_body(call, principal.cache_salt)
         request_id = uuid.uuid4()
         rid = request_id.hex
         decision = await self.limiter.admit(rid, principal.limit_scopes, call.prompt_tokens + call.completion_budget)
         if not decision.allowed:
             raise _limited(decision.reason, decision.retry_after_s, decision.headers)
         lease = decision.lease
-
-        payload = call.payload
-        for name in SERVER_FIELDS:
-            payload.pop(name, None)
-        payload["cache_salt"] = principal.cache_salt
-        client_usage = True
-        if call.stream:
-            options = payload.get("stream_options")
-            options = dict(options) if isinstance(options, dict) else {}
-            client_usage = bool(options.get("include_usage"))
-            options["include_usage"] = True
-            payload["stream_options"] = options
-
         tp, trace_id = trace_context(traceparent)
         outcome = Outcome(
             request_id=request_id, tenant_id=principal.tenant_id, api_key_id=principal.key_id,
@@ -210,13 +199,10 @@ class Gateway:
             start_pc=time.perf_counter(),
         )
         headers = {"x-request-id": f"req-{rid}", **decision.headers}
-        client = self.client
-        request = client.build_request(
-            "POST", f"{upstream.base_url}/{call.endpoint}", content=orjson.dumps(payload),
-            headers=upstream_headers(rid, tp, stream=call.stream),
-        )
+        request = self.client.build_request("POST", f"{upstream.base_url}/{call.endpoint}", content=body,
+                                            headers=upstream_headers(rid, tp, stream=call.stream))
         try:
-            response = await client.send(request, stream=call.stream)
+            response = await self.client.send(request, stream=call.stream)
         except httpx.HTTPError as exc:
             err = transport_error(exc)
             self._end(outcome, lease, m.RequestStatus.FAILED, err.status, err.code)
@@ -242,10 +228,10 @@ class Gateway:
         content = response.content
         try:
             data = orjson.loads(content)
-            read_usage(data.get("usage") if isinstance(data, dict) else None, outcome)
         except orjson.JSONDecodeError:
             self._end(outcome, lease, m.RequestStatus.FAILED, 502, "upstream_error")
             raise errors.UpstreamError("The model failed to answer. Try again.") from None
+        read_usage(data.get("usage") if isinstance(data, dict) else None, outcome)
         outcome.metered = True
         outcome.end_pc = outcome.first_token = time.perf_counter()
         self._finish(outcome, lease)
@@ -264,6 +250,34 @@ class Gateway:
         self.meter.record(outcome)
         actual = outcome.prompt_tokens + outcome.completion_tokens if outcome.metered else 0
         self.limiter.finish(lease, actual)
+
+
+def upstream_body(call: Call, salt: str) -> tuple[bytes, bool]:
+    """The engine's request body and whether the client itself asked for stream usage.
+
+    Server-controlled fields are replaced (the tenant's ``cache_salt``), stream usage is always
+    requested. Values JSON cannot carry (integers beyond 64 bits that orjson refuses are written by
+    the standard library; NaN and infinities are refused) are the client's error, before any limit
+    is spent."""
+    payload = call.payload
+    for name in SERVER_FIELDS:
+        payload.pop(name, None)
+    payload["cache_salt"] = salt
+    client_usage = True
+    if call.stream:
+        options = payload.get("stream_options")
+        options = dict(options) if isinstance(options, dict) else {}
+        client_usage = bool(options.get("include_usage"))
+        options["include_usage"] = True
+        payload["stream_options"] = options
+    try:
+        return orjson.dumps(payload), client_usage
+    except TypeError:
+        pass
+    try:
+        return json.dumps(payload, separators=(",", ":"), allow_nan=False).encode(), client_usage
+    except (TypeError, ValueError):
+        raise errors.ValidationError("The request holds a value that JSON cannot represent.") from None
 
 
 def _limited(reason: int, retry_after: float, headers: dict[str, str]) -> errors.BatonError:

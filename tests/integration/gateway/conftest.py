@@ -117,26 +117,33 @@ class TenantKey:
 MakeTenant = Callable[..., TenantKey]
 
 
+def create_tenant_key(
+    db: Database, keys: KeyService, models: list[str], *, scope: tuple[str, ...] = (),
+    tenant_limits: dict[str, int] | None = None, key_limits: dict[str, int] | None = None,
+) -> TenantKey:
+    """A new tenant granted ``models``, one key, and optional limits (rpm/tpm/concurrency)."""
+    name = f"gw-{uuid.uuid4().hex[:10]}"
+    with db.system() as uow:
+        tenant = uow.tenants.add(m.Tenant(name=name, display_name=name))
+        for model_name in models:
+            model = uow.models.by_name(model_name)
+            assert model is not None
+            uow.tenant_models.grant(tenant.id, model.id)
+        uow.commit()
+    issued = keys.issue(tenant_id=tenant.id, name="test", created_by="test", model_scope=scope)
+    with db.tenant(tenant.id) as uow:
+        if tenant_limits:
+            uow.rate_limits.upsert(tenant.id, None, **_limits(tenant_limits))
+        if key_limits:
+            uow.rate_limits.upsert(tenant.id, issued.key.id, **_limits(key_limits))
+        uow.commit()
+    return TenantKey(tenant.id, issued.key.id, issued.secret)
+
+
 @pytest.fixture()
 def make_tenant(db: Database, keys: KeyService) -> MakeTenant:
-    def make(models: list[str], *, scope: tuple[str, ...] = (), tenant_limits: dict[str, int] | None = None,
-             key_limits: dict[str, int] | None = None) -> TenantKey:
-        name = f"gw-{uuid.uuid4().hex[:10]}"
-        with db.system() as uow:
-            tenant = uow.tenants.add(m.Tenant(name=name, display_name=name))
-            for model_name in models:
-                model = uow.models.by_name(model_name)
-                assert model is not None
-                uow.tenant_models.grant(tenant.id, model.id)
-            uow.commit()
-        issued = keys.issue(tenant_id=tenant.id, name="test", created_by="test", model_scope=scope)
-        with db.tenant(tenant.id) as uow:
-            if tenant_limits:
-                uow.rate_limits.upsert(tenant.id, None, **_limits(tenant_limits))
-            if key_limits:
-                uow.rate_limits.upsert(tenant.id, issued.key.id, **_limits(key_limits))
-            uow.commit()
-        return TenantKey(tenant.id, issued.key.id, issued.secret)
+    def make(models: list[str], **kwargs: Any) -> TenantKey:
+        return create_tenant_key(db, keys, models, **kwargs)
 
     return make
 
