@@ -1,0 +1,291 @@
+import { useCallback, useEffect, useRef, useState, type ReactNode } from "react";
+import { ApiError, api, type Span } from "./api";
+
+// --- data loading -------------------------------------------------------------------------------
+
+export function useApi<T>(path: string | null, deps: unknown[] = [], pollMs = 0) {
+  const [data, setData] = useState<T | null>(null);
+  const [error, setError] = useState<ApiError | null>(null);
+  const [loading, setLoading] = useState(true);
+  const load = useCallback(async () => {
+    if (path === null) return;
+    try {
+      const d = await api<T>(path);
+      setData(d);
+      setError(null);
+    } catch (e) {
+      setError(e instanceof ApiError ? e : new ApiError(0, String(e)));
+    } finally {
+      setLoading(false);
+    }
+    // eslint-disable-next-line react-hooks/exhaustive-deps
+  }, [path, ...deps]);
+  useEffect(() => {
+    setLoading(true);
+    load();
+    if (!pollMs) return;
+    const t = window.setInterval(load, pollMs);
+    return () => window.clearInterval(t);
+  }, [load, pollMs]);
+  return { data, error, loading, reload: load };
+}
+
+// --- page frame ---------------------------------------------------------------------------------
+
+export function Page({ title, intro, children, actions }: { title: string; intro?: ReactNode; children: ReactNode; actions?: ReactNode }) {
+  const h1 = useRef<HTMLHeadingElement>(null);
+  useEffect(() => {
+    document.title = `${title} · Baton console`;
+    h1.current?.focus();
+  }, [title]);
+  return (
+    <section className="page" aria-labelledby="page-title">
+      <div className="page-head">
+        <div>
+          <h1 id="page-title" tabIndex={-1} ref={h1}>
+            {title}
+          </h1>
+          {intro && <p className="intro">{intro}</p>}
+        </div>
+        {actions && <div className="page-actions">{actions}</div>}
+      </div>
+      {children}
+    </section>
+  );
+}
+
+export function ErrorMessage({ error, title }: { error: ApiError | Error | string | null; title?: string }) {
+  if (!error) return null;
+  const message = typeof error === "string" ? error : error.message;
+  const status = error instanceof ApiError && error.status ? ` (HTTP ${error.status})` : "";
+  return (
+    <div className="error" role="alert">
+      <strong>{title ?? (error instanceof ApiError && error.status === 403 ? "Permission denied" : "Something went wrong")}</strong>
+      <span>
+        {message}
+        {status}
+      </span>
+    </div>
+  );
+}
+
+export function Loading({ what }: { what: string }) {
+  return (
+    <p className="muted" role="status" aria-live="polite">
+      Loading {what}…
+    </p>
+  );
+}
+
+export function Empty({ children }: { children: ReactNode }) {
+  return <p className="empty">{children}</p>;
+}
+
+export function Stat({ label, value, hint }: { label: string; value: ReactNode; hint?: string }) {
+  return (
+    <div className="stat">
+      <div className="stat-label">{label}</div>
+      <div className="stat-value">{value}</div>
+      {hint && <div className="stat-hint">{hint}</div>}
+    </div>
+  );
+}
+
+export function Badge({ tone, children }: { tone: "ok" | "warn" | "bad" | "info" | "muted"; children: ReactNode }) {
+  return <span className={`badge badge-${tone}`}>{children}</span>;
+}
+
+export function stateTone(state: string): "ok" | "warn" | "bad" | "info" | "muted" {
+  if (["running", "active", "completed"].includes(state)) return "ok";
+  if (["pending", "deploying", "expiring"].includes(state)) return "info";
+  if (["unhealthy", "cancelled"].includes(state)) return "warn";
+  if (["failed", "revoked", "expired", "suspended"].includes(state)) return "bad";
+  return "muted";
+}
+
+export function CopyButton({ text, label = "Copy" }: { text: string; label?: string }) {
+  const [done, setDone] = useState<"" | "ok" | "fail">("");
+  const copy = async () => {
+    try {
+      await navigator.clipboard.writeText(text);
+      setDone("ok");
+    } catch {
+      setDone("fail");
+    }
+  };
+  return (
+    <>
+      <button type="button" className="secondary" onClick={copy}>
+        {done === "ok" ? "Copied" : label}
+      </button>
+      <span role="status" aria-live="polite" className="sr-only">
+        {done === "ok" ? "Copied to the clipboard." : done === "fail" ? "Copy failed; select the text and copy it." : ""}
+      </span>
+    </>
+  );
+}
+
+// --- formatting ---------------------------------------------------------------------------------
+
+export const fmtInt = (n: number | null | undefined) => (n === null || n === undefined ? "–" : n.toLocaleString("en-US"));
+export const fmtMs = (n: number | null | undefined) =>
+  n === null || n === undefined ? "–" : n < 10 ? `${n.toFixed(2)} ms` : n < 1000 ? `${n.toFixed(1)} ms` : `${(n / 1000).toFixed(2)} s`;
+export const fmtPct = (n: number | null | undefined) => (n === null || n === undefined ? "–" : `${(n * 100).toFixed(1)} %`);
+export const fmtTime = (iso: string | null | undefined) => (iso ? new Date(iso).toLocaleString("en-GB", { hour12: false }) : "–");
+export function fmtBytes(n: number | null | undefined) {
+  if (n === null || n === undefined) return "–";
+  const units = ["B", "KiB", "MiB", "GiB"];
+  let v = n;
+  let i = 0;
+  while (v >= 1024 && i < units.length - 1) {
+    v /= 1024;
+    i++;
+  }
+  return `${v.toFixed(i ? 1 : 0)} ${units[i]}`;
+}
+
+// --- charts -------------------------------------------------------------------------------------
+
+export interface Series {
+  name: string;
+  color: string;
+}
+
+/** Stacked bars, one per point, with a y axis and a data table for screen readers. */
+export function BarChart({
+  title,
+  labels,
+  series,
+  values,
+  height = 200,
+  unit = "",
+}: {
+  title: string;
+  labels: string[];
+  series: Series[];
+  values: number[][]; // [point][series]
+  height?: number;
+  unit?: string;
+}) {
+  const width = 720;
+  const pad = { l: 56, r: 12, t: 12, b: 28 };
+  const totals = values.map((v) => v.reduce((a, b) => a + b, 0));
+  const max = Math.max(1, ...totals);
+  const nice = niceMax(max);
+  const innerW = width - pad.l - pad.r;
+  const innerH = height - pad.t - pad.b;
+  const bw = innerW / Math.max(1, labels.length);
+  const ticks = [0, 0.25, 0.5, 0.75, 1].map((f) => f * nice);
+  const every = Math.max(1, Math.ceil(labels.length / 8));
+  return (
+    <figure className="chart">
+      <figcaption>{title}</figcaption>
+      <svg viewBox={`0 0 ${width} ${height}`} role="img" aria-label={`${title}: total ${fmtInt(totals.reduce((a, b) => a + b, 0))}${unit}`}>
+        {ticks.map((t) => {
+          const y = pad.t + innerH - (t / nice) * innerH;
+          return (
+            <g key={t}>
+              <line x1={pad.l} x2={width - pad.r} y1={y} y2={y} className="grid" />
+              <text x={pad.l - 6} y={y + 4} textAnchor="end" className="axis">
+                {compact(t)}
+              </text>
+            </g>
+          );
+        })}
+        {values.map((v, i) => {
+          let y = pad.t + innerH;
+          return (
+            <g key={i}>
+              {v.map((val, s) => {
+                const h = (val / nice) * innerH;
+                y -= h;
+                return (
+                  <rect key={s} x={pad.l + i * bw + bw * 0.12} y={y} width={bw * 0.76} height={Math.max(0, h)} fill={series[s].color}>
+                    <title>{`${labels[i]} · ${series[s].name}: ${fmtInt(val)}${unit}`}</title>
+                  </rect>
+                );
+              })}
+              {i % every === 0 && (
+                <text x={pad.l + i * bw + bw / 2} y={height - 8} textAnchor="middle" className="axis">
+                  {labels[i]}
+                </text>
+              )}
+            </g>
+          );
+        })}
+      </svg>
+      <ul className="legend">
+        {series.map((s) => (
+          <li key={s.name}>
+            <span className="swatch" style={{ background: s.color }} aria-hidden="true" />
+            {s.name}
+          </li>
+        ))}
+      </ul>
+      <details className="data-table">
+        <summary>Show the data as a table</summary>
+        <table>
+          <thead>
+            <tr>
+              <th scope="col">Time</th>
+              {series.map((s) => (
+                <th scope="col" key={s.name}>
+                  {s.name}
+                </th>
+              ))}
+            </tr>
+          </thead>
+          <tbody>
+            {labels.map((l, i) => (
+              <tr key={i}>
+                <th scope="row">{l}</th>
+                {values[i].map((v, s) => (
+                  <td key={s}>{fmtInt(v)}</td>
+                ))}
+              </tr>
+            ))}
+          </tbody>
+        </table>
+      </details>
+    </figure>
+  );
+}
+
+function niceMax(v: number) {
+  const p = Math.pow(10, Math.floor(Math.log10(v)));
+  for (const m of [1, 2, 2.5, 5, 10]) if (m * p >= v) return m * p;
+  return 10 * p;
+}
+
+function compact(n: number) {
+  if (n >= 1e6) return `${(n / 1e6).toFixed(1)}M`;
+  if (n >= 1e3) return `${(n / 1e3).toFixed(n >= 1e4 ? 0 : 1)}k`;
+  return Number.isInteger(n) ? String(n) : n.toFixed(1);
+}
+
+/** One request's phases on a shared time axis. */
+export function Waterfall({ spans, total }: { spans: Span[]; total: number }) {
+  const end = Math.max(total, ...spans.map((s) => s.start_ms + s.duration_ms), 0.001);
+  return (
+    <figure className="waterfall" aria-label="Trace waterfall">
+      <figcaption>Trace waterfall (0 – {fmtMs(end)})</figcaption>
+      <ol>
+        {spans.map((s, i) => (
+          <li key={i} className={`wf-row wf-${s.kind}`}>
+            <span className="wf-name">{s.name}</span>
+            <span className="wf-track" aria-hidden="true">
+              <span
+                className="wf-bar"
+                style={{ left: `${(s.start_ms / end) * 100}%`, width: `${Math.max(0.4, (s.duration_ms / end) * 100)}%` }}
+              />
+            </span>
+            <span className="wf-time">
+              {fmtMs(s.duration_ms)} <span className="muted">at {fmtMs(s.start_ms)}</span>
+            </span>
+            {s.detail && <span className="wf-detail">{s.detail}</span>}
+          </li>
+        ))}
+      </ol>
+    </figure>
+  );
+}
