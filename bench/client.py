@@ -7,7 +7,7 @@ import asyncio
 import json
 import math
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -172,8 +172,50 @@ def make_session(max_connections: int) -> Any:
     return aiohttp.ClientSession(connector=connector, auto_decompress=False)
 
 
+SendFn = Callable[[Any, SampleRequest, int, float], Awaitable[RequestResult]]
+"""``send(session, sample, index, t0)``: sends one request and times it (never raises)."""
+
+
+async def run_requests(
+    send: SendFn,
+    samples: Sequence[SampleRequest],
+    *,
+    request_rate: float = math.inf,
+    max_concurrency: int | None = None,
+    seed: int = 0,
+    burstiness: float = 1.0,
+    progress: ProgressFn | None = None,
+    session: Any = None,
+) -> tuple[list[RequestResult], float]:
+    """Calls ``send`` for each sample at Poisson arrivals of ``request_rate`` per second (``inf``: all at
+    once), at most ``max_concurrency`` in flight. Returns the results in send order and the duration."""
+    offsets = poisson_arrivals(len(samples), request_rate, seed, burstiness=burstiness)
+    limit = max_concurrency or len(samples) or 1
+    sem = asyncio.Semaphore(limit)
+    own = session is None
+    sess = session or make_session(limit)
+    t0 = time.perf_counter()
+
+    async def one(i: int, offset: float, sample: SampleRequest) -> RequestResult:
+        delay = offset - (time.perf_counter() - t0)
+        if delay > 0:
+            await asyncio.sleep(delay)
+        async with sem:
+            r = await send(sess, sample, i, t0)
+        if progress:
+            progress(r)
+        return r
+
+    try:
+        results = await asyncio.gather(*(one(i, o, s) for i, (o, s) in enumerate(zip(offsets, samples, strict=True))))
+    finally:
+        if own:
+            await sess.close()
+    return list(results), time.perf_counter() - t0
+
+
 async def run_load(
-    target: Target,
+    target: Target | Sequence[Target],
     samples: Sequence[SampleRequest],
     *,
     request_rate: float = math.inf,
@@ -184,31 +226,14 @@ async def run_load(
     progress: ProgressFn | None = None,
     session: Any = None,
 ) -> tuple[list[RequestResult], float]:
-    """Sends ``samples`` at Poisson arrivals of ``request_rate`` per second (``inf``: all at once), at
-    most ``max_concurrency`` in flight. Returns the results in send order and the run's duration."""
-    offsets = poisson_arrivals(len(samples), request_rate, seed, burstiness=burstiness)
-    limit = max_concurrency or len(samples) or 1
-    sem = asyncio.Semaphore(limit)
-    own = session is None
-    sess = session or make_session(limit)
-    t0 = time.perf_counter()
+    """:func:`run_requests` to one target, or round-robin over several (replicas without a router)."""
+    targets = [target] if isinstance(target, Target) else list(target)
 
-    async def one(offset: float, sample: SampleRequest) -> RequestResult:
-        delay = offset - (time.perf_counter() - t0)
-        if delay > 0:
-            await asyncio.sleep(delay)
-        async with sem:
-            r = await send_one(sess, target, sample, t0=t0, timeout_s=timeout_s)
-        if progress:
-            progress(r)
-        return r
+    async def send(sess: Any, sample: SampleRequest, i: int, t0: float) -> RequestResult:
+        return await send_one(sess, targets[i % len(targets)], sample, t0=t0, timeout_s=timeout_s)
 
-    try:
-        results = await asyncio.gather(*(one(o, s) for o, s in zip(offsets, samples, strict=True)))
-    finally:
-        if own:
-            await sess.close()
-    return list(results), time.perf_counter() - t0
+    return await run_requests(send, samples, request_rate=request_rate, max_concurrency=max_concurrency, seed=seed,
+                              burstiness=burstiness, progress=progress, session=session)
 
 
 def run(coro: Any) -> Any:

@@ -294,3 +294,75 @@ def _print_handoff(res: dict[str, Any]) -> None:
                       _fmt(r["client_handoff_ms"], 2), _fmt(r["efficiency_client"], 3), _fmt(r["prefill_ms"], 1),
                       _fmt(r["decode_ttft_ms"], 1), str(r["failed_transfers"]))
         console.print(t)
+
+
+@app.command()
+def pd(  # noqa: PLR0917 - typer options
+    num_prompts: Annotated[int, typer.Option("--num-prompts", help="Requests per rate and arm.")] = 40,
+    request_rate: Annotated[list[str] | None, typer.Option(
+        "--request-rate", help="Poisson rates (req/s); repeat or comma-separate.")] = None,
+    long_len: Annotated[int, typer.Option("--long-len", help="Long prompt tokens.")] = 2048,
+    short_len: Annotated[int, typer.Option("--short-len", help="Short prompt tokens.")] = 128,
+    long_fraction: Annotated[float, typer.Option("--long-fraction", help="Share of long prompts.")] = 0.25,
+    output_len: Annotated[int, typer.Option("--output-len")] = 32,
+    goodput: Annotated[list[str] | None, typer.Option("--goodput", help="SLO, e.g. ttft:2000 tpot:50.")] = None,
+    shape: Annotated[str, typer.Option("--shape", help="tiny or bench.")] = "tiny",
+    seed: Annotated[int, typer.Option("--seed")] = 0,
+    out: OutOpt = None,
+) -> None:
+    """Aggregated (2 replicas) vs P/D 1:1 on the same 2 cores and the same long/short mix; planner beside it."""
+    from baton.bench import report
+    from baton.bench.pd import PdConfig, plot, run_pd
+    from baton.bench.serve import parse_rates
+    from baton.bench.stats import parse_goodput
+    from baton.core.settings import load_settings
+
+    try:
+        rates = parse_rates(request_rate or ["1", "2"])
+        slo_specs = list(goodput or ["ttft:2000", "tpot:50"])
+        parse_goodput(slo_specs)
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc)) from None
+    cfg = PdConfig(shape=shape, num_prompts=num_prompts, request_rates=rates, long_len=long_len, short_len=short_len,
+                   long_fraction=long_fraction, output_len=output_len, goodput=slo_specs, seed=seed,
+                   link_gbps=load_settings().telemetry.link_bandwidth_gbps)
+    with _progress() as factory:
+        result = run_pd(cfg, log=typer.echo, progress=factory)
+    path = report.write_json(_out_path(out, "pd"), result)
+    _print_pd(result)
+    typer.echo(f"results: {path}\nplot: {plot(path.with_suffix('.png'), result)}")
+
+
+def _print_pd(res: dict[str, Any]) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    console = Console(width=max(Console().width, 160))
+    t = Table(title=f"aggregated vs P/D (ms); SLO {res['slo_ms']}")
+    for col in ("arm", "rate", "ok/fail", "TTFT p50", "TTFT p90", "TTFT p99", "TPOT p90", "ITL p50", "ITL p99",
+                "short ITL p99", "short TTFT p90", "long TTFT p90", "goodput", "within SLO"):
+        t.add_column(col, justify="right")
+    for arm, runs in res["arms"].items():
+        for r in runs:
+            s, lg = r["by_kind"]["short"], r["by_kind"]["long"]
+            t.add_row(arm, _fmt(r["request_rate"], 1), f"{r['completed']}/{r['failed']}", _fmt(r["ttft_ms"]["p50"], 0),
+                      _fmt(r["ttft_ms"]["p90"], 0), _fmt(r["ttft_ms"]["p99"], 0), _fmt(r["tpot_ms"]["p90"], 1),
+                      _fmt(r["itl_ms"]["p50"], 1), _fmt(r["itl_ms"]["p99"], 1), _fmt(s["itl_ms"]["p99"], 1),
+                      _fmt(s["ttft_ms"]["p90"], 0), _fmt(lg["ttft_ms"]["p90"], 0), _fmt(r.get("goodput"), 2),
+                      f"{_fmt(100 * r.get('goodput_fraction', math.nan), 0)}%")
+    console.print(t)
+    pred = res.get("prediction") or {}
+    if "error" in pred:
+        console.print(f"[yellow]{pred['error']}[/yellow]")
+        return
+    hw = pred.get("hardware", {})
+    console.print(f"planner (calibrated={pred.get('calibrated')}): prefill {_fmt(hw.get('prefill_tokens_per_s'), 0)} "
+                  f"tok/s, decode step {_fmt(hw.get('decode_step_ms'), 2)} ms")
+    for row in pred.get("by_rate", []):
+        parts = []
+        for name, c in row["configs"].items():
+            at = c.get("at_rate") or {}
+            parts.append(f"{name}: max goodput {_fmt(c['goodput_two_cores'], 2)} req/s on 2 cores, at this rate "
+                         f"TTFT p{res['config']['slo_percentile']:g} {_fmt(at.get('ttft_ms'), 0)} ms, TPOT "
+                         f"{_fmt(at.get('tpot_ms'), 1)} ms, ok={at.get('ok')}")
+        console.print(f"  rate {row['request_rate']:g}: predicts {row['recommended']}; " + "; ".join(parts))

@@ -1,0 +1,33 @@
+"""`baton bench gateway --upstream zero` end to end on a small load: Baton's real gateway (uvicorn
+process, Postgres tenant and key, Redis limits) in front of the zero-latency stub, no engine."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from baton.bench.gateway import GatewayConfig, run_gateway
+
+ROOT = Path(__file__).resolve().parents[3]
+
+
+def test_gateway_bench_runs_every_arm_and_reports_added_latency(pg_url: str, tmp_path: Path) -> None:
+    cfg = GatewayConfig(upstream="zero", tracing="both", litellm=False, blocks=2, block_size=4, warmup=1,
+                        output_len=5, throughput_requests=30, throughput_concurrency=4, db_url=pg_url,
+                        model_dir=str(tmp_path / "no-model"), state_dir=str(tmp_path))
+    res = run_gateway(cfg, log=lambda _m: None)
+    (rnd,) = res["rounds"]
+    assert set(rnd["arms"]) == {"direct", "baton", "baton-notrace"}
+    for name, arm in rnd["arms"].items():
+        assert arm["failed"] == 0, (name, arm["errors"])
+        assert arm["completed"] == 2 * 4
+        assert arm["total_output_tokens"] == 8 * 5
+        assert arm["itl_ms"]["count"] == 8 * 4
+    assert rnd["arms"]["direct"]["proxy_cpu_ms_per_request"] is None
+    assert rnd["arms"]["baton"]["proxy_cpu_ms_per_request"] > 0
+    for name in ("baton", "baton-notrace"):
+        assert set(rnd["added"][name]) == {"ttft_ms", "itl_ms", "e2el_ms"}
+        assert set(rnd["added"][name]["ttft_ms"]) == {"p50", "p99"}
+    assert "tracing_overhead" in rnd["ratios"]
+    tp = res["throughput"]["baton"]
+    assert tp["completed"] == 30 and tp["requests_per_cpu_s"] > 0 and tp["rss_mb"] > 0
+    assert res["headline"]["throughput"]["targets"] == {"requests_per_cpu_s": 1000, "rss_mb": 200}
