@@ -95,7 +95,7 @@ for s = 0, n - 1 do
   if tpm > 0 then
     local used = expire_tokens(KEYS[k + 2], KEYS[k + 3], KEYS[k + 4])
     if tokens > tpm then
-      if deny == 0 then deny = 4 end
+      deny = 4  -- can never fit: reported before any other reason
     elseif used + tokens > tpm then
       if deny == 0 then deny = 2 end
       retry = math.max(retry, tokens_free_at(KEYS[k + 2], KEYS[k + 3], used, tpm, tokens))

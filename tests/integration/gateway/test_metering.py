@@ -1,0 +1,166 @@
+"""UsageMeter against real Postgres: batched, idempotent, and nothing lost while Postgres is away.
+
+The outage is real: the meter talks to Postgres through a TCP relay that the test cuts and restores.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import socket
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+
+import pytest
+from sqlalchemy.engine import make_url
+
+from baton.api.gateway.metering import Outcome, UsageMeter, write_outcomes
+from baton.core import models as m
+from baton.core.db import Database, make_engine
+from baton.core.settings import Settings
+
+
+class TcpRelay:
+    """Forwards 127.0.0.1:<port> to Postgres; ``cut()`` drops every connection and refuses new ones."""
+
+    def __init__(self, target: tuple[str, int]) -> None:
+        self.target = target
+        self.listener = socket.socket()
+        self.listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        self.listener.bind(("127.0.0.1", 0))
+        self.port = self.listener.getsockname()[1]
+        self.listener.listen(64)
+        self.up = True
+        self.conns: list[socket.socket] = []
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                client, _ = self.listener.accept()
+            except OSError:
+                return
+            if not self.up:
+                client.close()
+                continue
+            try:
+                server = socket.create_connection(self.target)
+            except OSError:
+                client.close()
+                continue
+            self.conns += [client, server]
+            for a, b in ((client, server), (server, client)):
+                threading.Thread(target=self._pipe, args=(a, b), daemon=True).start()
+
+    @staticmethod
+    def _pipe(src: socket.socket, dst: socket.socket) -> None:
+        with contextlib.suppress(OSError):
+            while data := src.recv(65536):
+                dst.sendall(data)
+        for s in (src, dst):
+            with contextlib.suppress(OSError):
+                s.shutdown(socket.SHUT_RDWR)
+
+    def cut(self) -> None:
+        self.up = False
+        for c in self.conns:
+            with contextlib.suppress(OSError):
+                c.shutdown(socket.SHUT_RDWR)
+            c.close()
+        self.conns.clear()
+
+    def restore(self) -> None:
+        self.up = True
+
+    def close(self) -> None:
+        self.cut()
+        self.listener.close()
+
+
+@pytest.fixture()
+def relayed_db(settings: Settings) -> Iterator[tuple[Database, TcpRelay]]:
+    url = make_url(settings.db.service_url())
+    relay = TcpRelay((url.host or "127.0.0.1", url.port or 5432))
+    database = Database(make_engine(url.set(port=relay.port).render_as_string(hide_password=False),
+                                    pool_size=2, statement_timeout_ms=2000))
+    yield database, relay
+    database.dispose()
+    relay.close()
+
+
+def _tenant(db: Database) -> uuid.UUID:
+    with db.system() as uow:
+        t = uow.tenants.add(m.Tenant(name=f"u-{uuid.uuid4().hex[:10]}", display_name="u"))
+        uow.commit()
+        return t.id
+
+
+def _outcome(tid: uuid.UUID, **kw: object) -> Outcome:
+    now = time.perf_counter()
+    o = Outcome(request_id=uuid.uuid4(), tenant_id=tid, api_key_id=None, model="m", endpoint="chat/completions",
+                stream=True, started=time.time(), prompt_tokens=5, completion_tokens=3, metered=True,
+                start_pc=now, end_pc=now + 0.05, first_token=now + 0.01, gaps=[0.01, 0.01, 0.02])
+    for k, v in kw.items():
+        setattr(o, k, v)
+    return o
+
+
+def _count(db: Database, tid: uuid.UUID) -> tuple[int, int]:
+    with db.system() as uow:
+        usage = len(uow.session.scalars(uow.usage.query(tenant_id=tid)).all())
+        records = len(uow.session.scalars(uow.requests.query(tenant_id=tid)).all())
+    return usage, records
+
+
+def test_outcomes_become_one_usage_row_and_one_request_record_each(db: Database) -> None:
+    tid = _tenant(db)
+    done = _outcome(tid)
+    failed = _outcome(tid, metered=False, status=m.RequestStatus.FAILED, http_status=502, first_token=None, gaps=[])
+    assert write_outcomes(db, [done, failed]) == 1
+    assert write_outcomes(db, [done, failed]) == 0  # idempotent: a retried batch writes nothing twice
+    assert _count(db, tid) == (1, 2)
+    with db.system() as uow:
+        rec = uow.requests.get(done.request_id)
+        assert rec is not None
+        assert rec.ttft_ms == pytest.approx(10, abs=0.5) and rec.tpot_ms == pytest.approx(20, abs=0.5)
+        assert rec.itl_p50_ms == pytest.approx(10, abs=0.5) and rec.itl_p99_ms == pytest.approx(20, abs=0.5)
+
+
+def test_nothing_is_lost_while_postgres_is_away(relayed_db: tuple[Database, TcpRelay], db: Database) -> None:
+    database, relay = relayed_db
+    tid = _tenant(db)
+
+    async def go() -> int:
+        meter = UsageMeter(database, batch_size=50, flush_interval=0.05, max_backoff=0.2)
+        await meter.start()
+        for _ in range(30):
+            meter.record(_outcome(tid))
+        await asyncio.sleep(0.5)
+        assert _count(db, tid) == (30, 30)
+        relay.cut()
+        for _ in range(70):
+            meter.record(_outcome(tid))
+        await asyncio.sleep(1.0)
+        assert meter.pending == 70 and meter.failures > 0  # buffered, retried, not dropped
+        relay.restore()
+        await meter.stop(drain_s=20)  # writes what is left once Postgres answers again
+        return meter.written
+
+    assert asyncio.run(go()) == 100
+    assert _count(db, tid) == (100, 100)
+
+
+def test_a_full_buffer_stops_accepting(db: Database) -> None:
+    async def go() -> tuple[bool, bool]:
+        meter = UsageMeter(db, max_buffer=2)
+        tid = _tenant(db)
+        meter.record(_outcome(tid))
+        first = meter.accepting
+        meter.record(_outcome(tid))
+        second = meter.accepting
+        await meter.stop()
+        return first, second
+
+    assert asyncio.run(go()) == (True, False)
