@@ -16,7 +16,7 @@ from types import TracebackType
 from typing import Any, Literal, Self
 
 from sqlalchemy import Connection, Engine, create_engine, event, text
-from sqlalchemy.exc import DBAPIError, IntegrityError, OperationalError
+from sqlalchemy.exc import DataError, DBAPIError, IntegrityError, OperationalError
 from sqlalchemy.orm import Session, SessionTransaction, sessionmaker
 from sqlalchemy.orm.exc import StaleDataError
 
@@ -221,7 +221,9 @@ def translate(exc: DBAPIError) -> errors.BatonError:
         if sqlstate == _CHECK:
             return errors.ValidationError(known or "A value is outside its allowed range.")
         return errors.ValidationError("The record is not valid.")
-    if sqlstate.startswith("22"):  # data exception: bad text representation, value too long, ...
+    # Data exceptions (bad text representation, value too long, ...), and values the driver itself
+    # refuses before sending them (a NUL character in a text field).
+    if sqlstate.startswith("22") or (isinstance(exc, DataError) and not sqlstate):
         return errors.ValidationError("A value has the wrong type or is too long.")
     if sqlstate == "57014":
         return errors.UnavailableError("The database took too long to answer.")

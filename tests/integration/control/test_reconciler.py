@@ -1,0 +1,215 @@
+"""The reconciler on real Postgres, with Ray Serve faked behind the ServeClient interface (the real
+client is exercised against a real Ray head in tests/e2e/test_reconciler.py)."""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any
+
+import pytest
+from sqlalchemy import select, text
+
+from baton.control.ray_client import ServeApp, ServeStatus
+from baton.control.reconciler import LOCK_KEY, Reconciler
+from baton.core import errors
+from baton.core import models as m
+
+from .conftest import unique
+
+
+class FakeServe:
+    """Serve's declarative semantics: a PUT replaces the set of apps; changed apps redeploy."""
+
+    def __init__(self) -> None:
+        self.apps: dict[str, ServeApp] = {}
+        self.puts: list[dict[str, Any]] = []
+        self.fail: list[errors.BatonError] = []
+        self.down = False
+
+    def status(self) -> ServeStatus:
+        if self.down:
+            raise errors.UnavailableError("The Ray dashboard is unreachable.")
+        return ServeStatus(apps=dict(self.apps))
+
+    def apply(self, config: dict[str, Any]) -> None:
+        if self.fail:
+            raise self.fail.pop(0)
+        self.puts.append(config)
+        new: dict[str, ServeApp] = {}
+        for e in config["applications"]:
+            old = self.apps.get(e["name"])
+            if old is not None and old.matches(e):
+                new[e["name"]] = old
+            else:
+                new[e["name"]] = ServeApp(name=e["name"], status="DEPLOYING", config=dict(e))
+        self.apps = new
+
+    def settle(self, status: str = "RUNNING", message: str = "") -> None:
+        self.apps = {n: ServeApp(n, status, message, a.config) for n, a in self.apps.items()}
+
+
+@pytest.fixture
+def serve() -> FakeServe:
+    return FakeServe()
+
+
+@pytest.fixture
+def reconciler(db, serve: FakeServe) -> Reconciler:  # type: ignore[no-untyped-def]
+    return Reconciler(db, serve, attempts=3, backoff_s=0.5, sleep=lambda s: None)
+
+
+@pytest.fixture
+def model_id(db) -> uuid.UUID:  # type: ignore[no-untyped-def]
+    with db.system() as uow:
+        row = uow.models.add(m.Model(name=unique("tiny"), source="/models/tiny", context_length=2048, num_layers=2,
+                                     num_kv_heads=2, head_dim=32, dtype="float32"))
+        uow.commit()
+        return row.id
+
+
+def _deployment(db, model_id: uuid.UUID, **over: Any) -> uuid.UUID:  # type: ignore[no-untyped-def]
+    with db.system() as uow:
+        fields: dict[str, Any] = {"engine_settings": {"max_model_len": 512}, **over}
+        d = uow.deployments.add(m.Deployment(name=unique("d"), model_id=model_id, mode=m.DeploymentMode.AGGREGATED,
+                                             **fields))
+        uow.commit()
+        return d.id
+
+
+def _row(db, dep_id: uuid.UUID) -> dict[str, Any] | None:  # type: ignore[no-untyped-def]
+    with db.system() as uow:
+        d = uow.deployments.get(dep_id)
+        if d is None:
+            return None
+        return {"name": d.name, "observed": d.observed_state.value, "reason": d.observed_reason,
+                "generation": d.generation, "observed_generation": d.observed_generation, "version": d.version}
+
+
+def _audit_actions(db, target_id: uuid.UUID) -> list[str]:  # type: ignore[no-untyped-def]
+    with db.system() as uow:
+        rows = uow.audit.scalars(select(m.AuditLog).where(m.AuditLog.target_id == str(target_id))
+                                 .order_by(m.AuditLog.id))
+        return [f"{r.actor} {r.action}" for r in rows]
+
+
+def test_apply_then_observe_running_and_stay_idempotent(db, serve, reconciler, model_id) -> None:
+    dep = _deployment(db, model_id)
+    name = _row(db, dep)["name"]  # type: ignore[index]
+    r1 = reconciler.reconcile()
+    assert r1.applied and name in serve.apps
+    assert _row(db, dep)["observed"] == "deploying"  # type: ignore[index]
+    assert serve.apps[name].config["route_prefix"] == f"/{name}"
+
+    serve.settle()
+    r2 = reconciler.reconcile()
+    assert not r2.applied  # Serve already runs exactly this: nothing is sent
+    row = _row(db, dep)
+    assert row["observed"] == "running" and row["observed_generation"] == 1  # type: ignore[index]
+    assert row["version"] == 1  # type: ignore[index]  # observing never changes the ETag
+    puts = len(serve.puts)
+    reconciler.reconcile()
+    assert len(serve.puts) == puts
+    assert "system:reconciler deployment.observed" in _audit_actions(db, dep)
+
+
+def test_a_changed_spec_is_a_new_generation_until_serve_runs_it(db, serve, reconciler, model_id) -> None:
+    dep = _deployment(db, model_id)
+    reconciler.reconcile()
+    serve.settle()
+    reconciler.reconcile()
+    with db.system() as uow:
+        d = uow.deployments.require(dep)
+        d.decode_max_replicas = 3
+        d.generation += 1
+        uow.commit()
+    serve.fail = [errors.UnavailableError("down"), errors.UpstreamError("500")]
+    r = reconciler.reconcile()
+    assert r.applied  # third attempt got through
+    name = _row(db, dep)["name"]  # type: ignore[index]
+    assert serve.apps[name].config["args"]["replicas"]["max"] == 3
+    serve.settle()
+    reconciler.reconcile()
+    assert _row(db, dep)["observed_generation"] == 2  # type: ignore[index]
+
+
+def test_a_failed_apply_never_claims_the_new_state(db, serve, reconciler, model_id) -> None:
+    dep = _deployment(db, model_id)
+    reconciler.reconcile()
+    serve.settle()
+    reconciler.reconcile()
+    with db.system() as uow:
+        d = uow.deployments.require(dep)
+        d.decode_max_replicas = 2
+        d.generation += 1
+        uow.commit()
+    serve.fail = [errors.UnavailableError("down")] * 3
+    r = reconciler.reconcile()
+    assert r.apply_error and not r.applied
+    row = _row(db, dep)
+    # Serve still runs generation 1: the row says so, and why the new one is not there.
+    assert row["observed_generation"] == 1 and "apply failed" in row["reason"]  # type: ignore[index]
+    assert row["observed"] == "running"  # type: ignore[index]
+    with db.system() as uow:
+        failed = uow.audit.scalars(select(m.AuditLog).where(m.AuditLog.action == "serve.apply_failed"))
+        assert failed and failed[-1].after["attempts"] == 3
+
+    serve.fail = [errors.ConfigurationError("bad config", rejected=True)]
+    r = reconciler.reconcile()
+    assert r.apply_rejected and _row(db, dep)["observed"] == "failed"  # type: ignore[index]
+    r = reconciler.reconcile()  # the next pass repairs it
+    serve.settle()
+    reconciler.reconcile()
+    assert _row(db, dep)["observed"] == "running" and _row(db, dep)["observed_generation"] == 2  # type: ignore[index]
+
+
+def test_serve_unreachable_marks_running_rows_unhealthy(db, serve, reconciler, model_id) -> None:
+    dep = _deployment(db, model_id)
+    reconciler.reconcile()
+    serve.settle()
+    reconciler.reconcile()
+    serve.down = True
+    r = reconciler.reconcile()
+    assert r.apply_error and _row(db, dep)["observed"] == "unhealthy"  # type: ignore[index]
+    serve.down = False
+    reconciler.reconcile()
+    assert _row(db, dep)["observed"] == "running"  # type: ignore[index]
+
+
+def test_drift_is_repaired_and_deleted_rows_go_once_serve_drops_them(db, serve, reconciler, model_id) -> None:
+    dep = _deployment(db, model_id)
+    name = _row(db, dep)["name"]  # type: ignore[index]
+    reconciler.reconcile()
+    serve.settle()
+    reconciler.reconcile()
+    del serve.apps[name]  # someone deleted the app behind Baton's back
+    r = reconciler.reconcile()
+    assert r.applied and name in serve.apps
+
+    with db.system() as uow:
+        d = uow.deployments.require(dep)
+        d.desired_state = m.DesiredState.DELETED
+        uow.commit()
+    r = reconciler.reconcile()
+    assert name not in serve.apps and name in r.removed
+    assert _row(db, dep) is None
+    assert _audit_actions(db, dep)[-1] == "system:reconciler deployment.removed"
+
+
+def test_stopped_and_invalid_rows(db, serve, reconciler, model_id) -> None:
+    stopped = _deployment(db, model_id, desired_state=m.DesiredState.STOPPED)
+    bad = _deployment(db, model_id, engine_settings={"not_a_setting": True})
+    r = reconciler.reconcile()
+    assert _row(db, stopped)["name"] not in serve.apps and _row(db, stopped)["observed"] == "stopped"  # type: ignore[index]
+    assert _row(db, bad)["observed"] == "failed" and "not_a_setting" in _row(db, bad)["reason"]  # type: ignore[index]
+    assert _row(db, bad)["name"] not in r.apps  # type: ignore[index]
+    with db.system() as uow:  # leave nothing behind for the other tests
+        for dep in (stopped, bad):
+            uow.deployments.delete(uow.deployments.require(dep))
+        uow.commit()
+
+
+def test_one_pass_at_a_time(db, reconciler) -> None:
+    with db.system() as uow:
+        uow.session.execute(text("SELECT pg_advisory_xact_lock(:k)"), {"k": LOCK_KEY})
+        assert reconciler.reconcile().locked is False
+    assert reconciler.reconcile().locked is True
