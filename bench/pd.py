@@ -27,7 +27,7 @@ from typing import Any
 from baton.bench import client, report, stats
 from baton.bench.datasets import HFTokenizer, SampleRequest, mix_dataset, random_dataset
 from baton.bench.handoff import model_dir_for, model_shape, start_pd_pair
-from baton.bench.procs import Proc, start_engine
+from baton.bench.procs import Proc, start_engine, wait_engines
 
 Log = Callable[[str], None]
 ProgressFactory = Callable[[str, int], Callable[[stats.RequestResult], None]]
@@ -125,13 +125,14 @@ def run_pd(cfg: PdConfig, *, log: Log = print, progress: ProgressFactory | None 
     log("aggregated: two engines, one core each")
     with contextlib.ExitStack() as stack:
         targets = []
-        engines: list[Proc] = []
+        engines: list[tuple[Proc, str]] = []
         for core in ("0", "1"):
             proc, url = start_engine(f"agg{core}", folder, served_name=name, omp_bind=core,
-                                     extra=["--no-enable-prefix-caching"])
+                                     extra=["--no-enable-prefix-caching"], wait=False)
             stack.callback(proc.stop)
-            engines.append(proc)
+            engines.append((proc, url))
             targets.append(client.Target(base_url=url, model=name, endpoint="completions", name="aggregated"))
+        wait_engines(engines)
         client.run(client.run_load(targets, warm + warm, max_concurrency=1))
         out["calibration_records"] = _probe(targets, tok, cfg)
         out["arms"]["aggregated"] = [_load("aggregated", targets, samples, r, cfg, slo=slo, progress=progress)

@@ -161,18 +161,28 @@ def engine_env(kv_cache_gib: int = 1, *, omp_bind: str | None = None) -> dict[st
 
 def start_engine(name: str, model_dir: str | Path, *, port: int | None = None, served_name: str = "tiny",
                  extra: Sequence[str] = (), env: Mapping[str, str] | None = None, kv_cache_gib: int = 1,
-                 omp_bind: str | None = None, timeout_s: float = 300.0) -> tuple[Proc, str]:
-    """Starts a vLLM server and waits for ``/health``; returns it and its ``/v1`` base URL."""
+                 omp_bind: str | None = None, timeout_s: float = 300.0, wait: bool = True) -> tuple[Proc, str]:
+    """Starts a vLLM server and (unless ``wait=False``: then call :func:`wait_engines`) waits for
+    ``/health``; returns it and its ``/v1`` base URL."""
     port = port or free_port()
     proc = Proc(name, engine_command(model_dir, port=port, served_name=served_name, extra=extra),
                 env={**engine_env(kv_cache_gib, omp_bind=omp_bind), **(env or {})})
     proc.start()
-    try:
-        proc.wait_http(f"http://127.0.0.1:{port}/health", timeout_s=timeout_s)
-    except BaseException:
-        proc.stop()
-        raise
+    if wait:
+        wait_engines([(proc, f"http://127.0.0.1:{port}/v1")], timeout_s=timeout_s)
     return proc, f"http://127.0.0.1:{port}/v1"
+
+
+def wait_engines(engines: Sequence[tuple[Proc, str]], *, timeout_s: float = 300.0) -> None:
+    """Waits for every engine's ``/health`` (engines started together load in parallel); stops them
+    all if one fails."""
+    try:
+        for proc, url in engines:
+            proc.wait_http(url.removesuffix("/v1") + "/health", timeout_s=timeout_s)
+    except BaseException:
+        for proc, _ in engines:
+            proc.stop()
+        raise
 
 
 def start_stub(name: str = "stub", *, port: int | None = None, cpus: Sequence[int] | None = None) -> tuple[Proc, str]:

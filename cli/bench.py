@@ -57,8 +57,12 @@ def _fmt(v: Any, digits: int = 2) -> str:
 
 @app.command()
 def serve(  # noqa: PLR0917 - typer options
-    base_url: Annotated[str, typer.Option("--base-url", help="OpenAI base URL, e.g. http://127.0.0.1:8000/v1")],
     model: Annotated[str, typer.Option("--model", help="Model name sent in each request.")],
+    base_url: Annotated[str | None, typer.Option(
+        "--base-url", help="OpenAI base URL, e.g. http://127.0.0.1:8000/v1")] = None,
+    start_engine: Annotated[str | None, typer.Option(
+        "--start-engine", help="Start a bare vLLM server on this model folder and load it (instead of --base-url).")]
+    = None,
     api_key: Annotated[str | None, typer.Option("--api-key", envvar="OPENAI_API_KEY", help="Bearer key.")] = None,
     endpoint: Annotated[str, typer.Option("--endpoint", help="chat or completions.")] = "chat",
     request_rate: Annotated[list[str] | None, typer.Option(
@@ -88,8 +92,7 @@ def serve(  # noqa: PLR0917 - typer options
     plot: Annotated[bool, typer.Option("--plot/--no-plot", help="Write a PNG of latency vs rate.")] = True,
 ) -> None:
     """Load an OpenAI endpoint like `vllm bench serve`: TTFT, TPOT, ITL, E2EL, throughput, goodput."""
-    from baton.bench import report
-    from baton.bench.serve import ServeConfig, parse_rates, run_serve
+    from baton.bench.serve import parse_rates
 
     try:
         rates = parse_rates(request_rate or ["inf"])
@@ -100,6 +103,32 @@ def serve(  # noqa: PLR0917 - typer options
         raise typer.BadParameter(str(exc)) from None
     if endpoint not in ("chat", "completions"):
         raise typer.BadParameter("--endpoint is chat or completions")
+    if (base_url is None) == (start_engine is None):
+        raise typer.BadParameter("give exactly one of --base-url and --start-engine")
+    import contextlib
+
+    with contextlib.ExitStack() as stack:
+        if start_engine:
+            from baton.bench.procs import start_engine as start
+
+            typer.echo(f"starting a vLLM engine on {start_engine}")
+            proc, base_url = start("serve-engine", start_engine, served_name=model)
+            stack.callback(proc.stop)
+        assert base_url is not None
+        _serve(base_url, model, api_key, endpoint, rates, max_concurrency, num_prompts, dataset, input_len, output_len,
+               prefix_len, num_prefixes, long_len, long_fraction, tokenizer or start_engine, seed, burstiness,
+               ignore_eos, goodput, warmup, out, plot)
+
+
+def _serve(  # noqa: PLR0917
+    base_url: str, model: str, api_key: str | None, endpoint: str, rates: list[float], max_concurrency: int | None,
+    num_prompts: int, dataset: str, input_len: int, output_len: int, prefix_len: int, num_prefixes: int,
+    long_len: int, long_fraction: float, tokenizer: str | None, seed: int, burstiness: float, ignore_eos: bool,
+    goodput: list[str] | None, warmup: int, out: Path | None, plot: bool,
+) -> None:
+    from baton.bench import report
+    from baton.bench.serve import ServeConfig, run_serve
+
     cfg = ServeConfig(
         base_url=base_url, model=model, api_key=api_key, endpoint=endpoint, request_rates=rates,
         max_concurrency=max_concurrency, num_prompts=num_prompts, dataset=dataset, input_len=input_len,
@@ -134,7 +163,7 @@ def _print_serve(runs: list[dict[str, Any]]) -> None:
             _fmt(r["itl_ms"]["p99"]), _fmt(r["e2el_ms"]["p50"]),
             f"{_fmt(r.get('goodput'))} ({_fmt(100 * r['goodput_fraction'], 0)}%)" if "goodput" in r else "-",
         )
-    Console().print(t)
+    Console(width=max(Console().width, 150)).print(t)
 
 
 @app.command("vllm")
