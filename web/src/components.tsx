@@ -171,7 +171,7 @@ export function BarChart({
   const pad = { l: 56, r: 12, t: 12, b: 28 };
   const totals = values.map((v) => v.reduce((a, b) => a + b, 0));
   const max = Math.max(1, ...totals);
-  const nice = niceMax(max);
+  const nice = Math.max(niceMax(max), 4); // counts: at least 0..4 so that ticks stay whole numbers
   const innerW = width - pad.l - pad.r;
   const innerH = height - pad.t - pad.b;
   const bw = innerW / Math.max(1, labels.length);

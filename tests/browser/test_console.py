@@ -1,0 +1,217 @@
+"""The console in a real browser: a tenant signs up, creates a key, uses it with the openai client,
+sees the usage, streams in the playground and opens a request's waterfall; an operator grants a model,
+creates a deployment and watches it become running; a tenant never reaches operator pages or another
+tenant's data."""
+
+from __future__ import annotations
+
+import re
+import time
+import uuid
+from typing import Any
+
+import pytest
+from playwright.sync_api import expect
+
+from baton.core.db import Database
+
+from .conftest import PASSWORD, Stack, shot
+
+pytestmark = pytest.mark.browser
+
+
+def sign_up(page: Any, stack: Stack) -> tuple[str, str]:
+    slug = f"acme-{uuid.uuid4().hex[:6]}"
+    email = f"admin@{slug}.example.com"
+    page.goto("/console/signup")
+    expect(page.get_by_role("heading", name="Create an organisation")).to_be_visible()
+    page.get_by_label("Organisation name").fill(f"Acme {slug[-6:]}")
+    expect(page.get_by_label("Tenant id")).to_have_value(slug)
+    page.get_by_label("Email").fill(email)
+    page.get_by_label("Password").fill(PASSWORD)
+    page.get_by_role("button", name="Create organisation").click()
+    expect(page.get_by_role("heading", name=re.compile("Welcome"))).to_be_visible()
+    return slug, email
+
+
+def grant(db: Database, tenant_slug: str, model_id: uuid.UUID) -> uuid.UUID:
+    with db.system() as uow:
+        t = uow.tenants.by_name(tenant_slug)
+        assert t is not None
+        uow.tenant_models.grant(t.id, model_id)
+        uow.commit()
+        return t.id
+
+
+def stat(page: Any, label: str) -> Any:
+    label_el = page.locator(".stat-label", has_text=re.compile(f"^{label}$"))
+    return page.locator(".stat", has=label_el).locator(".stat-value")
+
+
+def test_tenant_journey(page, stack: Stack) -> None:  # type: ignore[no-untyped-def]
+    from openai import OpenAI
+
+    slug, _ = sign_up(page, stack)
+    shot(page, "01-tenant-overview")
+    grant(stack.db, slug, stack.model_id)
+
+    # A key scoped to the model; its secret is shown once.
+    page.get_by_role("navigation", name="Console").get_by_role("link", name="API keys").click()
+    expect(page.get_by_role("heading", name="API keys", level=1)).to_be_visible()
+    page.get_by_label("Name", exact=True).fill("production")
+    page.get_by_label(stack.model).check()
+    page.get_by_role("button", name="Create key").click()
+    secret = page.get_by_test_id("secret-value").input_value()
+    assert secret.startswith("bt_live_")
+    expect(page.get_by_role("button", name="Copy key")).to_be_visible()
+    shot(page, "02-tenant-key-created")
+    page.get_by_role("button", name="I have saved it").click()
+    expect(page.get_by_test_id("secret-value")).to_have_count(0)
+    expect(page.get_by_role("row", name=re.compile("production"))).to_contain_text(stack.model)
+
+    # The key works with the official client, streaming through the gateway.
+    client = OpenAI(base_url=f"{stack.url}/v1", api_key=secret, max_retries=0)
+    stream = client.chat.completions.create(model=stack.model, messages=[{"role": "user", "content": "hello"}],
+                                            max_tokens=5, stream=True)
+    text = "".join((c.choices[0].delta.content or "") for c in stream if c.choices)
+    assert text.strip()
+
+    # Its usage appears (the gateway meters asynchronously; the page is reloaded until it shows).
+    page.goto("/console/usage")
+    deadline = time.monotonic() + 20
+    while stat(page, "Requests").inner_text() != "1":
+        assert time.monotonic() < deadline, "usage did not appear"
+        time.sleep(0.3)
+        page.reload()
+    expect(stat(page, "Completion tokens")).to_have_text("5")
+    expect(page.get_by_role("img", name=re.compile("Requests per hour"))).to_be_visible()
+    shot(page, "03-tenant-usage")
+
+    # The playground streams a completion with a short-lived key.
+    page.goto("/console/playground")
+    expect(page.get_by_label("Model")).to_have_value(stack.model)
+    page.get_by_label("Your message").fill("Say something")
+    page.get_by_label("Max tokens").fill("8")
+    page.get_by_role("button", name="Send").click()
+    expect(page.get_by_test_id("playground-status")).to_contain_text("Done", timeout=20000)
+    expect(page.get_by_test_id("playground-output")).to_contain_text("tok")
+    shot(page, "04-tenant-playground")
+
+    # Requests, and one request's waterfall.
+    page.goto("/console/requests")
+    rows = page.locator("tbody tr")
+    expect(rows).to_have_count(2, timeout=20000)
+    rows.first.get_by_role("link").click()
+    expect(page.get_by_text(re.compile("^Trace waterfall"))).to_be_visible()
+    names = page.locator(".wf-name").all_inner_texts()
+    assert names[0] == "prefill" and "decode" in names
+    shot(page, "05-tenant-request-waterfall")
+
+    page.goto("/console/slo")
+    expect(page.get_by_role("heading", name="Service levels")).to_be_visible()
+    expect(page.get_by_role("heading", name=stack.model)).to_be_visible()
+    shot(page, "06-tenant-slo")
+    page.goto("/console/models")
+    expect(page.get_by_role("rowheader", name=stack.model)).to_be_visible()
+
+
+def test_tenant_cannot_reach_operator_pages_or_other_tenants(page, browser, stack: Stack) -> None:  # type: ignore[no-untyped-def]
+    slug_b, _ = sign_up(page, stack)
+    tenant_b = grant(stack.db, slug_b, stack.model_id)
+    key_b = page.evaluate("""async () => {
+        const s = await (await fetch('/console/api/session')).json();
+        const r = await fetch('/console/api/tenant/keys', {method: 'POST', headers: {'Content-Type': 'application/json',
+            'X-CSRF-Token': s.csrf_token}, body: JSON.stringify({name: 'b-key'})});
+        return (await r.json()).key.id;
+    }""")
+    assert key_b
+
+    ctx_a = browser.new_context(base_url=stack.url, viewport={"width": 1440, "height": 900})
+    a = ctx_a.new_page()
+    try:
+        sign_up(a, stack)
+        a.goto("/console/ops/tenants")
+        expect(a.get_by_role("alert")).to_contain_text("Only platform operators may open this page.")
+        expect(a.get_by_role("heading", name="Permission denied")).to_be_visible()
+        shot(a, "07-tenant-forbidden-operator-page")
+        codes = a.evaluate("""async ([keyB, tenantB]) => {
+            const s = await (await fetch('/console/api/session')).json();
+            const h = {'Content-Type': 'application/json', 'X-CSRF-Token': s.csrf_token};
+            const out = {};
+            for (const p of ['overview', 'tenants', 'deployments', 'audit', 'models', 'slo-policies'])
+                out['ops/' + p] = (await fetch('/console/api/ops/' + p)).status;
+            out.revoke = (await fetch(`/console/api/tenant/keys/${keyB}/revoke`, {method: 'POST', headers: h})).status;
+            out.keys = (await (await fetch('/console/api/tenant/keys')).json()).length;
+            out.nocsrf = (await fetch('/console/api/tenant/keys', {method: 'POST',
+                headers: {'Content-Type': 'application/json'}, body: '{"name":"x"}'})).status;
+            return out;
+        }""", [key_b, str(tenant_b)])
+        assert {k: v for k, v in codes.items() if k.startswith("ops/")} == dict.fromkeys(
+            ["ops/overview", "ops/tenants", "ops/deployments", "ops/audit", "ops/models", "ops/slo-policies"], 403)
+        assert codes["revoke"] == 404 and codes["keys"] == 0 and codes["nocsrf"] == 403
+    finally:
+        ctx_a.close()
+    # B's key is untouched.
+    page.goto("/console/keys")
+    expect(page.get_by_role("row", name=re.compile("b-key"))).to_contain_text("active")
+
+
+def test_operator_creates_a_deployment_and_sees_it_running(page, stack: Stack) -> None:  # type: ignore[no-untyped-def]
+    slug, _ = sign_up(page, stack)
+    page.get_by_role("button", name="Sign out").click()
+    expect(page.get_by_role("heading", name="Sign in to Baton")).to_be_visible()
+
+    page.get_by_label("Email").fill(stack.operator_email)
+    page.get_by_label("Password").fill("wrong password!")
+    page.get_by_role("button", name="Sign in").click()
+    expect(page.get_by_role("alert")).to_contain_text("The email or password is not correct.")
+    page.get_by_label("Password").fill(PASSWORD)
+    page.get_by_role("button", name="Sign in").click()
+    expect(page.get_by_role("heading", name="Platform health")).to_be_visible()
+
+    page.get_by_role("link", name="Tenants").click()
+    page.get_by_label("Tenant", exact=True).select_option(label=slug)
+    page.get_by_label("Model", exact=True).select_option(label=stack.model)
+    page.get_by_role("button", name="Grant").click()
+    expect(page.get_by_role("row", name=re.compile(slug))).to_contain_text(stack.model)
+    shot(page, "08-operator-tenants")
+
+    page.get_by_role("link", name="SLO policies").click()
+    page.get_by_label("Name").fill(f"gold-{uuid.uuid4().hex[:4]}")
+    page.get_by_label("TTFT target (ms)").fill("800")
+    page.get_by_label("TPOT target (ms)").fill("60")
+    page.get_by_role("button", name="Create policy").click()
+    expect(page.get_by_role("rowheader", name=re.compile("^gold-"))).to_have_count(1)
+
+    name = f"chat-{uuid.uuid4().hex[:6]}"
+    page.get_by_role("link", name="Deployments").click()
+    page.get_by_label("Name").fill(name)
+    page.get_by_label("Model").select_option(label=stack.model)
+    page.get_by_label("Prefill/decode split").check()
+    page.get_by_role("button", name="Create deployment").click()
+    row = page.get_by_test_id(f"deployment-{name}")
+    expect(row).to_be_visible()
+    expect(row.locator(".badge")).to_have_text("running", timeout=30000)
+    expect(row).to_contain_text("P/D: prefill 1\u20131, decode 1\u20131 (nixl)")
+    shot(page, "09-operator-deployments")
+
+    page.get_by_role("link", name="Health").click()
+    expect(page.get_by_role("listitem").filter(has_text=name)).to_contain_text("running")
+    shot(page, "10-operator-health")
+
+    page.get_by_role("link", name="Planner").click()
+    page.get_by_label("Model").select_option(label=stack.model)
+    page.get_by_role("button", name="Plan").click()
+    expect(page.get_by_test_id("plan-recommended")).not_to_be_empty(timeout=30000)
+    expect(page.get_by_role("img", name=re.compile("Planner plot"))).to_be_visible()
+    shot(page, "11-operator-planner")
+
+    page.get_by_role("link", name="Audit log").click()
+    expect(page.get_by_role("rowheader", name="deployment.create").first).to_be_visible()
+    expect(page.get_by_role("row", name=re.compile("deployment.create")).first).to_contain_text(
+        f"console:{stack.operator_email}")
+    shot(page, "12-operator-audit")
+
+    # Operators are not tenants: tenant pages say so.
+    page.goto("/console/keys")
+    expect(page.get_by_role("heading", name="Permission denied")).to_be_visible()
