@@ -54,11 +54,11 @@ class _Context:
         return self._reconciler
 
 
-def create_celery(settings: Any) -> Celery:
+def create_celery(settings: Any, *, queue: str = QUEUE) -> Celery:
     app = Celery("baton", broker=settings.redis.url, backend=None, set_as_current=False)
     c = settings.control
     app.conf.update(
-        task_default_queue=QUEUE,
+        task_default_queue=queue,
         task_acks_late=True,
         task_reject_on_worker_lost=True,
         worker_prefetch_multiplier=1,
@@ -116,14 +116,14 @@ def _claim_follow_up(settings: Any) -> bool:
         return True
 
 
-def reconcile_trigger(settings: Any) -> Callable[[str], None]:
+def reconcile_trigger(settings: Any, *, queue: str = QUEUE) -> Callable[[str], None]:
     """A function that enqueues a reconcile; never raises (the periodic pass repairs a lost trigger)."""
     app = Celery("baton-client", broker=settings.redis.url, set_as_current=False)
-    app.conf.update(task_default_queue=QUEUE, broker_connection_retry=False, broker_connection_max_retries=0)
+    app.conf.update(task_default_queue=queue, broker_connection_retry=False, broker_connection_max_retries=0)
 
     def trigger(reason: str = "change") -> None:
         try:
-            app.send_task(RECONCILE, kwargs={"reason": reason}, queue=QUEUE, retry=False)
+            app.send_task(RECONCILE, kwargs={"reason": reason}, queue=queue, retry=False)
         except Exception as exc:
             log.warning("could not enqueue a reconcile (%s); the periodic pass will catch up", type(exc).__name__)
 

@@ -1,0 +1,122 @@
+"""``baton plan``: should a model be disaggregated, and at which P:D ratio? (the planner's cost model)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import typer
+
+
+def register(app: typer.Typer) -> None:
+    app.command(name="plan")(plan)
+
+
+def _shape_from_dir(path: Path) -> dict[str, Any]:
+    cfg = json.loads((path / "config.json").read_text())
+    heads = int(cfg["num_attention_heads"])
+    dtype = str(cfg.get("torch_dtype") or cfg.get("dtype") or "float32")
+    return {
+        "name": path.name,
+        "num_layers": int(cfg["num_hidden_layers"]),
+        "num_kv_heads": int(cfg.get("num_key_value_heads") or heads),
+        "head_dim": int(cfg.get("head_dim") or int(cfg["hidden_size"]) // heads),
+        "dtype": dtype if dtype in ("float32", "bfloat16", "float16") else "float32",
+        "params_b": None,
+    }
+
+
+def plan(
+    model: str | None = typer.Option(None, "--model", help="Catalogue model name (reads its shape and, with "
+                                      "--calibrate, its measured request records from Postgres)."),
+    model_dir: Path | None = typer.Option(None, "--model-dir", help="A model folder (reads config.json)."),
+    layers: int | None = typer.Option(None, help="Shape without a model: layers."),
+    kv_heads: int | None = typer.Option(None, help="Shape without a model: KV heads."),
+    head_dim: int | None = typer.Option(None, help="Shape without a model: head dim."),
+    dtype: str = typer.Option("bfloat16", help="Shape without a model: dtype."),
+    params_b: float | None = typer.Option(None, help="Parameters in billions (weights in memory)."),
+    ttft_ms: float = typer.Option(1000.0, help="TTFT SLO (ms)."),
+    tpot_ms: float = typer.Option(50.0, help="TPOT SLO (ms)."),
+    percentile: float = typer.Option(90.0, help="SLO percentile."),
+    prompt_mean: float = typer.Option(1024.0, help="Mean prompt tokens."),
+    output_mean: float = typer.Option(128.0, help="Mean output tokens."),
+    cv: float = typer.Option(0.5, help="Coefficient of variation of the lengths (lognormal)."),
+    rate: float | None = typer.Option(None, help="Total arrival rate (req/s): also count replicas needed."),
+    bandwidth: float | None = typer.Option(None, help="KV link bandwidth, GB/s (default: settings)."),
+    prefill_tps: float | None = typer.Option(None, help="Prefill tokens/s of one replica (default: settings)."),
+    decode_step_ms: float | None = typer.Option(None, help="Decode step at batch 1, ms (default: settings)."),
+    decode_ms_per_seq: float | None = typer.Option(None, help="Extra step ms per batched sequence."),
+    memory_gib: float | None = typer.Option(None, help="Memory per replica for weights + KV (GiB)."),
+    calibrate: bool = typer.Option(False, help="With --model: calibrate from measured request records."),
+    out: Path | None = typer.Option(None, help="Write plan.json, plan.png and plan.svg into this folder."),
+) -> None:
+    """Goodput per GPU within the SLO for aggregated serving and each P:D ratio, and a recommendation."""
+    from rich.console import Console
+    from rich.table import Table
+
+    from baton.control import planner as pl
+    from baton.core.settings import load_settings
+
+    settings = load_settings()
+    c = settings.control
+    records: list[dict[str, Any]] = []
+    if model:
+        from baton.core import models as m
+        from baton.core.db import Database
+
+        db = Database.for_services(settings)
+        try:
+            with db.system() as uow:
+                row = uow.models.by_name(model)
+                if row is None:
+                    raise typer.BadParameter(f"no model named {model!r} in the catalogue", param_hint="--model")
+                shape = pl.ModelShape(row.num_layers, row.num_kv_heads, row.head_dim, row.dtype, row.params_b)
+                if calibrate:
+                    recs = uow.requests.scalars(
+                        uow.requests.query(model=row.name, status=m.RequestStatus.COMPLETED).limit(5000))
+                    records = [{k: getattr(r, k) for k in ("prompt_tokens", "completion_tokens", "ttft_ms",
+                                                           "tpot_ms", "handoff_ms", "kv_bytes", "started_at")}
+                               for r in recs]
+        finally:
+            db.dispose()
+    elif model_dir:
+        s = _shape_from_dir(model_dir)
+        shape = pl.ModelShape(s["num_layers"], s["num_kv_heads"], s["head_dim"], s["dtype"], params_b)
+    elif layers and kv_heads and head_dim:
+        shape = pl.ModelShape(layers, kv_heads, head_dim, dtype, params_b)
+    else:
+        raise typer.BadParameter("give --model, --model-dir, or --layers/--kv-heads/--head-dim")
+
+    hw = pl.Hardware(
+        prefill_tokens_per_s=prefill_tps or c.prefill_tokens_per_s,
+        decode_step_ms=decode_step_ms or c.decode_step_ms,
+        decode_ms_per_seq=c.decode_ms_per_seq if decode_ms_per_seq is None else decode_ms_per_seq,
+        memory_bytes=memory_gib * 2**30 if memory_gib else None,
+        link_bandwidth_gbps=bandwidth or settings.telemetry.link_bandwidth_gbps,
+    )
+    traffic = pl.Traffic.lognormal(prompt_mean=prompt_mean, output_mean=output_mean, cv=cv, arrival_rate=rate)
+    cal = pl.calibrate(records, hw) if records else None
+    if cal:
+        hw, traffic = cal.hardware, cal.traffic if rate is None else pl.Traffic(
+            cal.traffic.prompt_tokens, cal.traffic.output_tokens, rate)
+    result = pl.plan(shape, hw, traffic, pl.Slo(ttft_ms, tpot_ms, percentile))
+
+    console = Console()
+    console.print(f"KV per token {result.kv_bytes_per_token:,} B; per request {result.kv_bytes_per_request:,.0f} B "
+                  f"(p99 {result.kv_bytes_p99:,.0f} B); transfer >= {result.transfer_lower_bound_ms:.3f} ms at "
+                  f"{hw.link_bandwidth_gbps:g} GB/s" + (f"; calibrated from {cal.samples} records" if cal else ""))
+    table = Table("config", "replicas", "goodput/GPU (req/s)", f"TTFT p{percentile:g} ms",
+                  f"TPOT p{percentile:g} ms", "limited by", "replicas needed")
+    for r in result.configs:
+        mark = " *" if r.name == result.recommended else ""
+        table.add_row(r.name + mark, str(r.gpus), f"{r.goodput_per_gpu:.4g}", f"{r.ttft_ms:.4g}", f"{r.tpot_ms:.4g}",
+                      r.bottleneck, "" if r.gpus_needed is None else str(r.gpus_needed))
+    console.print(table)
+    console.print(result.reason)
+    if out:
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "plan.json").write_text(json.dumps(result.as_dict(), indent=2, default=str))
+        (out / "plan.png").write_bytes(pl.render_plot(result, "png"))
+        (out / "plan.svg").write_bytes(pl.render_plot(result, "svg"))
+        console.print(f"wrote {out}/plan.json, plan.png, plan.svg")

@@ -1,0 +1,22 @@
+"""``baton worker``: the Celery worker with its beat scheduler embedded (reconcile, usage roll-up, key expiry)."""
+
+from __future__ import annotations
+
+import typer
+
+
+def register(app: typer.Typer) -> None:
+    app.command(name="worker")(worker)
+
+
+def worker(
+    concurrency: int = typer.Option(1, min=1, help="Worker processes."),
+    loglevel: str = typer.Option("INFO", help="Celery log level."),
+    beat: bool = typer.Option(True, help="Run the beat scheduler in this worker (periodic reconcile, roll-up, expiry)."),
+) -> None:
+    """Run the background jobs: reconcile after every change and periodically (drift repair), roll usage up
+    per tenant and day, expire keys. Every run is recorded in the jobs table."""
+    from baton.control.celery_app import run_worker
+    from baton.core.settings import load_settings
+
+    run_worker(load_settings(), concurrency=concurrency, loglevel=loglevel, beat=beat)
