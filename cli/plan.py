@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
 import typer
 
@@ -27,29 +27,29 @@ def _shape_from_dir(path: Path) -> dict[str, Any]:
     }
 
 
-def plan(
-    model: str | None = typer.Option(None, "--model", help="Catalogue model name (reads its shape and, with "
-                                      "--calibrate, its measured request records from Postgres)."),
-    model_dir: Path | None = typer.Option(None, "--model-dir", help="A model folder (reads config.json)."),
-    layers: int | None = typer.Option(None, help="Shape without a model: layers."),
-    kv_heads: int | None = typer.Option(None, help="Shape without a model: KV heads."),
-    head_dim: int | None = typer.Option(None, help="Shape without a model: head dim."),
-    dtype: str = typer.Option("bfloat16", help="Shape without a model: dtype."),
-    params_b: float | None = typer.Option(None, help="Parameters in billions (weights in memory)."),
-    ttft_ms: float = typer.Option(1000.0, help="TTFT SLO (ms)."),
-    tpot_ms: float = typer.Option(50.0, help="TPOT SLO (ms)."),
-    percentile: float = typer.Option(90.0, help="SLO percentile."),
-    prompt_mean: float = typer.Option(1024.0, help="Mean prompt tokens."),
-    output_mean: float = typer.Option(128.0, help="Mean output tokens."),
-    cv: float = typer.Option(0.5, help="Coefficient of variation of the lengths (lognormal)."),
-    rate: float | None = typer.Option(None, help="Total arrival rate (req/s): also count replicas needed."),
-    bandwidth: float | None = typer.Option(None, help="KV link bandwidth, GB/s (default: settings)."),
-    prefill_tps: float | None = typer.Option(None, help="Prefill tokens/s of one replica (default: settings)."),
-    decode_step_ms: float | None = typer.Option(None, help="Decode step at batch 1, ms (default: settings)."),
-    decode_ms_per_seq: float | None = typer.Option(None, help="Extra step ms per batched sequence."),
-    memory_gib: float | None = typer.Option(None, help="Memory per replica for weights + KV (GiB)."),
-    calibrate: bool = typer.Option(False, help="With --model: calibrate from measured request records."),
-    out: Path | None = typer.Option(None, help="Write plan.json, plan.png and plan.svg into this folder."),
+def plan(  # noqa: PLR0917 (a command: one parameter per option)
+    model: Annotated[str | None, typer.Option(help="Catalogue model name: its shape and, with --calibrate, "
+                                                   "its measured request records.")] = None,
+    model_dir: Annotated[Path | None, typer.Option(help="A model folder (reads config.json).")] = None,
+    layers: Annotated[int | None, typer.Option(help="Shape without a model: layers.")] = None,
+    kv_heads: Annotated[int | None, typer.Option(help="Shape without a model: KV heads.")] = None,
+    head_dim: Annotated[int | None, typer.Option(help="Shape without a model: head dim.")] = None,
+    dtype: Annotated[str, typer.Option(help="Shape without a model: dtype.")] = "bfloat16",
+    params_b: Annotated[float | None, typer.Option(help="Parameters in billions (weights in memory).")] = None,
+    ttft_ms: Annotated[float, typer.Option(help="TTFT SLO (ms).")] = 1000.0,
+    tpot_ms: Annotated[float, typer.Option(help="TPOT SLO (ms).")] = 50.0,
+    percentile: Annotated[float, typer.Option(help="SLO percentile.")] = 90.0,
+    prompt_mean: Annotated[float, typer.Option(help="Mean prompt tokens.")] = 1024.0,
+    output_mean: Annotated[float, typer.Option(help="Mean output tokens.")] = 128.0,
+    cv: Annotated[float, typer.Option(help="Coefficient of variation of the lengths (lognormal).")] = 0.5,
+    rate: Annotated[float | None, typer.Option(help="Total arrival rate (req/s): count replicas needed.")] = None,
+    bandwidth: Annotated[float | None, typer.Option(help="KV link, GB/s (default: settings).")] = None,
+    prefill_tps: Annotated[float | None, typer.Option(help="Prefill tokens/s of one replica.")] = None,
+    decode_step_ms: Annotated[float | None, typer.Option(help="Decode step at batch 1 (ms).")] = None,
+    decode_ms_per_seq: Annotated[float | None, typer.Option(help="Extra step ms per batched sequence.")] = None,
+    memory_gib: Annotated[float | None, typer.Option(help="Memory per replica for weights + KV (GiB).")] = None,
+    calibrate: Annotated[bool, typer.Option(help="With --model: calibrate from request records.")] = False,
+    out: Annotated[Path | None, typer.Option(help="Write plan.json, plan.png and plan.svg here.")] = None,
 ) -> None:
     """Goodput per GPU within the SLO for aggregated serving and each P:D ratio, and a recommendation."""
     from rich.console import Console

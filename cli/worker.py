@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Annotated
+
 import typer
 
 
@@ -10,9 +12,9 @@ def register(app: typer.Typer) -> None:
 
 
 def worker(
-    concurrency: int = typer.Option(1, min=1, help="Worker processes."),
-    loglevel: str = typer.Option("INFO", help="Celery log level."),
-    beat: bool = typer.Option(True, help="Run the beat scheduler in this worker (periodic reconcile, roll-up, expiry)."),
+    concurrency: Annotated[int, typer.Option(min=1, help="Worker processes.")] = 1,
+    loglevel: Annotated[str, typer.Option(help="Celery log level.")] = "INFO",
+    beat: Annotated[bool, typer.Option(help="Run the beat scheduler in this worker (periodic jobs).")] = True,
 ) -> None:
     """Run the background jobs: reconcile after every change and periodically (drift repair), roll usage up
     per tenant and day, expire keys. Every run is recorded in the jobs table."""
