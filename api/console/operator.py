@@ -85,13 +85,15 @@ def list_tenants(request: Request, user: OperatorUser) -> list[dict[str, Any]]:
 @router.put("/tenants/{tenant_id}/models/{model_id}", status_code=204)
 def grant_model(tenant_id: uuid.UUID, model_id: uuid.UUID, request: Request, user: OperatorUser) -> Response:
     actx, who = _admin(request, user)
-    return admin_tenants.grant_model(tenant_id=tenant_id, model_id=model_id, ctx=actx, who=who)
+    out: Response = admin_tenants.grant_model(tenant_id=tenant_id, model_id=model_id, ctx=actx, who=who)
+    return out
 
 
 @router.delete("/tenants/{tenant_id}/models/{model_id}", status_code=204)
 def revoke_model(tenant_id: uuid.UUID, model_id: uuid.UUID, request: Request, user: OperatorUser) -> Response:
     actx, who = _admin(request, user)
-    return admin_tenants.revoke_model(tenant_id=tenant_id, model_id=model_id, ctx=actx, who=who)
+    out: Response = admin_tenants.revoke_model(tenant_id=tenant_id, model_id=model_id, ctx=actx, who=who)
+    return out
 
 
 @router.post("/tenants/{tenant_id}/suspend")
@@ -130,7 +132,8 @@ def plan_model(model_id: uuid.UUID, request: Request, user: OperatorUser,
     result, meta = admin_models.run_plan(actx, model_id, body or admin_models.PlanRequest())
     out: dict[str, Any] = {**meta, **result.as_dict()}
     out["plot_png_base64"] = base64.b64encode(render_plot(result, "png")).decode()
-    return _jsonable(out)
+    result_json: dict[str, Any] = _jsonable(out)
+    return result_json
 
 
 def _jsonable(v: Any) -> Any:

@@ -22,6 +22,12 @@ log = logging.getLogger(__name__)
 SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
 
 
+def problem(exc: errors.BatonError, path: str, headers: dict[str, str] | None = None) -> Response:
+    """Problem details for a console error."""
+    out: Response = problem_response(exc, instance=path, headers=headers)
+    return out
+
+
 class ConsoleRoute(APIRoute):
     """Every error of a console route becomes problem details (words a person can read, never internals)."""
 
@@ -31,19 +37,19 @@ class ConsoleRoute(APIRoute):
         async def route(request: Request) -> Response:
             path = request.url.path
             try:
-                response = await handler(request)
+                response: Response = await handler(request)
             except errors.BatonError as exc:
                 if not isinstance(exc, errors.ClientError):
                     log.error("console error: %s %s (%s)", request.method, path, exc.code, exc_info=exc)
                 headers = exc.extra.get("headers")
-                return problem_response(exc, instance=path, headers=headers if isinstance(headers, dict) else None)
+                return problem(exc, path, headers if isinstance(headers, dict) else None)
             except RequestValidationError as exc:
                 err = validation_error(exc.errors())
-                return problem_response(err, instance=path)
+                return problem(err, path)
             except (HTTPException, StarletteHTTPException) as exc:
                 cls = {401: errors.AuthenticationError, 403: errors.PermissionDeniedError,
                        404: errors.NotFoundError}.get(exc.status_code, errors.ClientError)
-                return problem_response(cls(exc.detail if isinstance(exc.detail, str) else None), instance=path)
+                return problem(cls(exc.detail if isinstance(exc.detail, str) else None), path)
             response.headers.setdefault("Cache-Control", "no-store")
             return response
 

@@ -11,7 +11,7 @@ from pathlib import Path
 from fastapi import APIRouter, Request
 from fastapi.responses import FileResponse, HTMLResponse, RedirectResponse, Response
 
-from baton.api.errors import problem_response
+from baton.api.console.routes import problem
 from baton.core import errors
 
 #: Where ``npm run build`` in ``web/`` puts the console (the repository's ``web/dist``).
@@ -61,7 +61,8 @@ def console_root() -> RedirectResponse:
 @router.get("/console/{path:path}")
 def console_file(path: str, request: Request) -> Response:
     if path == "api" or path.startswith("api/"):
-        return problem_response(errors.NotFoundError("No such console API route."), instance=request.url.path)
+        missing: Response = problem(errors.NotFoundError("No such console API route."), request.url.path)
+        return missing
     dist = dist_dir(request).resolve()
     if path:
         target = (dist / path).resolve()
@@ -69,5 +70,6 @@ def console_file(path: str, request: Request) -> Response:
             cache = "public, max-age=31536000, immutable" if path.startswith("assets/") else "no-cache"
             return FileResponse(target, headers={**SECURITY_HEADERS, "Cache-Control": cache})
         if path.startswith("assets/"):
-            return problem_response(errors.NotFoundError("No such file."), instance=request.url.path)
+            no_file: Response = problem(errors.NotFoundError("No such file."), request.url.path)
+            return no_file
     return _index(dist)

@@ -56,8 +56,9 @@ def issued_json(k: IssuedKey) -> dict[str, Any]:
 
 
 def _tid(user: TenantUser) -> uuid.UUID:
-    assert user.tenant_id is not None
-    return user.tenant_id
+    tid: uuid.UUID | None = user.tenant_id
+    assert tid is not None
+    return tid
 
 
 @router.get("/overview")
@@ -139,14 +140,16 @@ def usage(ctx: Ctx, user: TenantUser, hours: Annotated[int, Query(ge=1, le=24 * 
     since, until = _window(hours)
     b: queries.Bucket = bucket or ("hour" if hours <= 72 else "day")
     with ctx.db.tenant(_tid(user)) as uow:
-        return queries.usage_series(uow, _tid(user), since=since, until=until, bucket=b)
+        out: dict[str, Any] = queries.usage_series(uow, _tid(user), since=since, until=until, bucket=b)
+    return out
 
 
 @router.get("/slo")
 def slo(ctx: Ctx, user: TenantUser, hours: Annotated[int, Query(ge=1, le=24 * 90)] = 24) -> dict[str, Any]:
     since, until = _window(hours)
     with ctx.db.tenant(_tid(user)) as uow:
-        return queries.slo_report(uow, _tid(user), since=since, until=until)
+        out: dict[str, Any] = queries.slo_report(uow, _tid(user), since=since, until=until)
+    return out
 
 
 @router.get("/requests")
@@ -167,8 +170,8 @@ def get_request(request_id: uuid.UUID, ctx: Ctx, user: TenantUser) -> dict[str, 
         row = uow.requests.get(request_id)
         if row is None or row.tenant_id != tid:
             raise errors.NotFoundError("No such request.")
-        out = queries.request_summary(row)
+        out: dict[str, Any] = queries.request_summary(row)
         out.update(itl_p50_ms=row.itl_p50_ms, itl_p99_ms=row.itl_p99_ms,
                    finished_at=row.finished_at.isoformat(), recovery=list(row.recovery_steps or []),
                    waterfall=queries.waterfall(row))
-        return out
+    return out

@@ -140,6 +140,8 @@ def stack(settings, db: Database) -> Iterator[Stack]:  # type: ignore[no-untyped
 def browser() -> Iterator[Any]:
     from playwright.sync_api import sync_playwright
 
+    if not (ROOT / "web" / "dist" / "index.html").is_file():
+        pytest.fail("the console is not built: run scripts/setup (npm ci && npm run build in web/)")
     if not Path(CHROMIUM).exists():
         pytest.fail("Debian's chromium is missing: scripts/setup installs it (apt-get install chromium)")
     SCREENSHOTS.mkdir(parents=True, exist_ok=True)
