@@ -138,7 +138,9 @@ export function Keys() {
                   </td>
                   <td>{k.model_scope.length ? k.model_scope.join(", ") : <span className="muted">all your models</span>}</td>
                   <td>
-                    <Badge tone={stateTone(k.state)}>{k.state}</Badge>
+                    <Badge tone={k.rotated_to_id && k.state === "expiring" ? "warn" : stateTone(k.state === "expiring" ? "active" : k.state)}>
+                      {k.rotated_to_id && k.state === "expiring" ? "rotated, expiring" : k.state === "expiring" ? "active" : k.state}
+                    </Badge>
                   </td>
                   <td>{fmtTime(k.expires_at)}</td>
                   <td>{fmtTime(k.last_used_at)}</td>
