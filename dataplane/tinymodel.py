@@ -21,6 +21,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import numpy as np
+import numpy.typing as npt
 
 from baton.dataplane._tiny_corpus import corpus_lines
 
@@ -172,10 +173,10 @@ def _weight_specs(shape: TinyModelShape) -> list[tuple[str, tuple[int, ...], flo
     return specs
 
 
-def tiny_model_weights(*, seed: int, shape: TinyModelShape = DEFAULT_SHAPE) -> dict[str, np.ndarray]:
+def tiny_model_weights(*, seed: int, shape: TinyModelShape = DEFAULT_SHAPE) -> dict[str, npt.NDArray[np.float32]]:
     """The tiny model's tensors (float32), generated from ``seed``."""
     rng = np.random.Generator(np.random.PCG64(seed))
-    tensors: dict[str, np.ndarray] = {}
+    tensors: dict[str, npt.NDArray[np.float32]] = {}
     for name, dims, std in _weight_specs(shape):
         if std is None:
             tensors[name] = np.ones(dims, dtype=np.float32)

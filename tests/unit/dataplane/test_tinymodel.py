@@ -58,9 +58,7 @@ def test_tokenizer_and_chat_template_load_like_a_hub_folder(built):
     assert len(tok) == 1024
     text = "The engine reads the prompt before noon."
     assert tok.decode(tok(text).input_ids) == text
-    chat = tok.apply_chat_template(
-        [{"role": "user", "content": "hi"}], tokenize=False, add_generation_prompt=True
-    )
+    chat = tok.apply_chat_template([{"role": "user", "content": "hi"}], tokenize=False, add_generation_prompt=True)
     assert chat == "<|begin_of_text|><|user|>\nhi<|end|>\n<|assistant|>\n"
 
 

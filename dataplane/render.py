@@ -1,0 +1,225 @@
+"""Pure renderers: DeploymentSpec -> Ray Serve LLM configs and Serve application entries.
+
+Nothing here imports ray or vllm, so the control plane, the k8s manifests and the tests share one
+renderer. `baton.dataplane.app` turns the rendered dicts into Ray objects.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Literal
+
+from baton.dataplane.spec import DeploymentSpec, LMCacheTiers, ReplicaRange
+
+Role = Literal["aggregated", "prefill", "decode"]
+
+APP_IMPORT_PATH = "baton.dataplane.app:build_app"
+LMCACHE_CONNECTOR_MODULE = "baton.dataplane.kv_connector"
+LMCACHE_CONNECTOR_CLASS = "BatonLMCacheConnectorV1"
+
+# Environment every CPU engine replica gets: keep every listener on loopback, never reach the hub.
+CPU_ENV: dict[str, str] = {
+    "HF_HUB_OFFLINE": "1",
+    "TRANSFORMERS_OFFLINE": "1",
+    "VLLM_HOST_IP": "127.0.0.1",
+    "VLLM_NIXL_SIDE_CHANNEL_HOST": "127.0.0.1",
+    "UCX_NET_DEVICES": "lo",
+    "UCX_TLS": "tcp,self,sm",
+    # Several engines share the cores: let the OS schedule their threads instead of pinning them
+    # all to the same core list.
+    "VLLM_CPU_OMP_THREADS_BIND": "nobind",
+    "VLLM_ENABLE_V1_MULTIPROCESSING": "1",
+}
+GPU_ENV: dict[str, str] = {
+    "HF_HUB_OFFLINE": "1",
+    "TRANSFORMERS_OFFLINE": "1",
+    # RDMA first, then CUDA IPC/copies; UCX picks the best transport among these per peer.
+    "UCX_TLS": "rc,ud,cuda_copy,cuda_ipc,tcp",
+}
+
+
+def render_serve_application(spec: DeploymentSpec) -> dict[str, Any]:
+    """The spec's entry in a Ray Serve declarative config (`applications[]`)."""
+    return {
+        "name": spec.name,
+        "route_prefix": spec.route_prefix,
+        "import_path": APP_IMPORT_PATH,
+        "args": spec.model_dump(mode="json"),
+    }
+
+
+def render_serve_config(
+    specs: list[DeploymentSpec], *, http_host: str = "127.0.0.1", http_port: int = 8001
+) -> dict[str, Any]:
+    """A whole Serve config (what `PUT /api/serve/applications/` takes) for the given specs."""
+    return {
+        "http_options": {"host": http_host, "port": http_port},
+        "applications": [render_serve_application(s) for s in specs],
+    }
+
+
+def engine_env(spec: DeploymentSpec) -> dict[str, str]:
+    """Environment variables of an engine replica under the spec's device profile."""
+    env = dict(CPU_ENV if spec.device == "cpu" else GPU_ENV)
+    if spec.device == "cpu":
+        gib = kv_cache_space_gib(spec)
+        if float(gib).is_integer():
+            env["VLLM_CPU_KVCACHE_SPACE"] = str(int(gib))
+    env.update(spec.env)
+    return env
+
+
+def kv_cache_space_gib(spec: DeploymentSpec) -> float:
+    return spec.engine.kv_cache_space_gib if spec.engine.kv_cache_space_gib is not None else 1.0
+
+
+def engine_kwargs(spec: DeploymentSpec, role: Role) -> dict[str, Any]:
+    """vLLM engine arguments for one pool of the deployment."""
+    e = spec.engine
+    cpu = spec.device == "cpu"
+    kwargs: dict[str, Any] = {
+        "dtype": e.dtype or ("float32" if cpu else "bfloat16"),
+        "max_model_len": e.max_model_len,
+        "max_num_seqs": e.max_num_seqs,
+        "enforce_eager": e.enforce_eager if e.enforce_eager is not None else cpu,
+        "enable_prefix_caching": e.enable_prefix_caching,
+        "tensor_parallel_size": e.tensor_parallel_size,
+        "seed": e.seed,
+        "trust_remote_code": False,
+    }
+    if e.max_num_batched_tokens is not None:
+        kwargs["max_num_batched_tokens"] = e.max_num_batched_tokens
+    if cpu:
+        # Fractional sizes go through kv_cache_memory_bytes (VLLM_CPU_KVCACHE_SPACE takes whole GiB).
+        kwargs["kv_cache_memory_bytes"] = int(kv_cache_space_gib(spec) * 2**30)
+    else:
+        kwargs["gpu_memory_utilization"] = e.gpu_memory_utilization or 0.9
+    kv = kv_transfer_config(spec, role)
+    if kv is not None:
+        kwargs["kv_transfer_config"] = kv
+    return kwargs
+
+
+def kv_transfer_config(spec: DeploymentSpec, role: Role) -> dict[str, Any] | None:
+    """vLLM `kv_transfer_config`: NIXL for the P->D handoff, LMCache for the tiers, or both."""
+    connectors: list[dict[str, Any]] = []
+    if spec.kv.connector == "nixl" and role != "aggregated":
+        connectors.append(
+            {
+                "kv_connector": "NixlConnector",
+                "kv_role": "kv_both",
+                "kv_buffer_device": "cpu" if spec.device == "cpu" else "cuda",
+                "kv_connector_extra_config": {"backends": list(spec.kv.nixl_backends)},
+            }
+        )
+    if spec.kv.lmcache is not None:
+        connectors.append(
+            {
+                "kv_connector": LMCACHE_CONNECTOR_CLASS,
+                "kv_connector_module_path": LMCACHE_CONNECTOR_MODULE,
+                "kv_role": "kv_both",
+                "kv_connector_extra_config": lmcache_extra_config(spec.kv.lmcache, device=spec.device),
+            }
+        )
+    if not connectors:
+        return None
+    if len(connectors) == 1:
+        return connectors[0]
+    # Prefill and decode must list the same connectors in the same order (NIXL compatibility hash).
+    return {
+        "kv_connector": "MultiConnector",
+        "kv_role": "kv_both",
+        "kv_buffer_device": connectors[0].get("kv_buffer_device", "cpu"),
+        "kv_connector_extra_config": {"connectors": connectors},
+    }
+
+
+def lmcache_extra_config(tiers: LMCacheTiers, *, device: str) -> dict[str, Any]:
+    """LMCache settings, passed as `lmcache.*` keys of the connector's extra config."""
+    cfg: dict[str, Any] = {
+        "lmcache.chunk_size": tiers.chunk_size,
+        "lmcache.local_cpu": tiers.local_cpu_gib > 0,
+        # LMCache's CPU backend is also its staging allocator: it needs some memory even when the
+        # CPU tier itself is off.
+        "lmcache.max_local_cpu_size": tiers.local_cpu_gib if tiers.local_cpu_gib > 0 else 0.25,
+        # Python's hash() differs between processes: another engine would never hit.
+        "lmcache.pre_caching_hash_algorithm": "sha256_cbor",
+        # Only whole chunks are stored, so a chunk is always whole KV blocks.
+        "lmcache.save_unfull_chunk": False,
+        "lmcache.use_layerwise": False,
+        "lmcache.enable_async_loading": False,
+    }
+    if tiers.local_disk_path:
+        cfg["lmcache.remote_storage_plugins"] = ["fs"]
+        cfg["lmcache.extra_config"] = {
+            "remote_storage_plugin.fs.base_path": tiers.local_disk_path,
+            "remote_storage_plugin.fs.max_size_gb": tiers.local_disk_gib,
+        }
+    if tiers.redis_url:
+        cfg["lmcache.remote_url"] = tiers.redis_url
+        cfg["lmcache.remote_serde"] = "naive"
+    return cfg
+
+
+def _deployment_config(rng: ReplicaRange) -> dict[str, Any]:
+    autoscaling: dict[str, Any] = {
+        "min_replicas": rng.min,
+        "max_replicas": rng.max,
+        "initial_replicas": rng.initial,
+    }
+    if rng.target_ongoing_requests is not None:
+        autoscaling["target_ongoing_requests"] = rng.target_ongoing_requests
+    return {"autoscaling_config": autoscaling}
+
+
+def render_llm_config(spec: DeploymentSpec, role: Role) -> dict[str, Any]:
+    """A Ray Serve `LLMConfig` (as a dict) for one pool: aggregated, prefill or decode."""
+    rng = {"aggregated": spec.replicas, "prefill": spec.prefill, "decode": spec.decode}[role]
+    deployment = _deployment_config(rng)
+    cfg: dict[str, Any] = {
+        "model_loading_config": {"model_id": spec.model.served_name, "model_source": spec.model.path},
+        "engine_kwargs": engine_kwargs(spec, role),
+        "runtime_env": {"env_vars": engine_env(spec)},
+        "deployment_config": deployment,
+        "log_engine_metrics": True,
+    }
+    if spec.device == "cpu":
+        # The replica actor and its engine share one fractional bundle, so a 2-core machine can hold
+        # several replicas; vLLM's own processes are not Ray-scheduled.
+        deployment["ray_actor_options"] = {"num_cpus": 0}
+        cfg["placement_group_config"] = {
+            "bundles": [{"CPU": spec.cpus_per_replica}] * spec.engine.tensor_parallel_size,
+            "strategy": "PACK",
+        }
+    else:
+        cfg["accelerator_type"] = spec.accelerator_type
+        cfg["placement_group_config"] = {
+            "bundles": [{"GPU": 1, "CPU": 1}] * spec.engine.tensor_parallel_size,
+            "strategy": "STRICT_PACK",
+        }
+    return cfg
+
+
+def kv_bytes_per_token(*, num_layers: int, num_kv_heads: int, head_dim: int, dtype_bytes: int) -> int:
+    """The seed's KV-size formula, per token: 2 x layers x kv_heads x head_dim x bytes."""
+    return 2 * num_layers * num_kv_heads * head_dim * dtype_bytes
+
+
+def kv_bytes_block_rounded(
+    tokens: int,
+    *,
+    num_layers: int,
+    num_kv_heads: int,
+    head_dim: int,
+    dtype_bytes: int,
+    block_size: int = 128,
+) -> int:
+    """KV bytes of `tokens` tokens when the KV moves as whole blocks of `block_size` tokens."""
+    blocks = math.ceil(tokens / block_size)
+    return (
+        blocks
+        * block_size
+        * kv_bytes_per_token(
+            num_layers=num_layers, num_kv_heads=num_kv_heads, head_dim=head_dim, dtype_bytes=dtype_bytes
+        )
+    )

@@ -1,0 +1,166 @@
+import json
+import subprocess
+import sys
+
+import pytest
+from pydantic import ValidationError
+
+from baton.dataplane.render import (
+    APP_IMPORT_PATH,
+    engine_env,
+    kv_bytes_block_rounded,
+    render_llm_config,
+    render_serve_application,
+)
+from baton.dataplane.spec import DeploymentSpec
+
+MODEL = {"path": "/models/tiny", "served_name": "tiny"}
+
+
+def pd_spec(**kw) -> DeploymentSpec:
+    kw.setdefault("kv", {"connector": "nixl"})
+    return DeploymentSpec(name="tiny", model=MODEL, mode="pd", **kw)
+
+
+def test_every_field_is_described():
+    def walk(model):
+        for name, field in model.model_fields.items():
+            assert field.description, f"{model.__name__}.{name} has no description"
+            ann = field.annotation
+            if isinstance(ann, type) and hasattr(ann, "model_fields"):
+                walk(ann)
+
+    walk(DeploymentSpec)
+
+
+@pytest.mark.parametrize(
+    ("bad", "message"),
+    [
+        ({"name": "x", "model": MODEL, "replica": 2}, "Extra inputs are not permitted"),
+        ({"name": "x", "model": {**MODEL, "revision": "main"}}, "Extra inputs are not permitted"),
+        ({"name": "x", "model": MODEL, "mode": "pd"}, "needs a KV connector"),
+        ({"name": "x", "model": MODEL, "replicas": {"min": 3, "max": 1}}, "replica range inverted"),
+        (
+            {"name": "x", "model": MODEL, "mode": "pd", "kv": {"connector": "nixl"}, "decode": {"min": 2, "max": 1}},
+            "replica range inverted",
+        ),
+        ({"name": "X_bad", "model": MODEL}, "string_pattern_mismatch"),
+        ({"name": "x", "model": MODEL, "kv": {"lmcache": {"chunk_size": 200}}}, "multiple of 128"),
+        ({"name": "x", "model": MODEL, "kv": {"lmcache": {"redis_url": "http://x"}}}, "rediss?"),
+        ({"name": "x", "model": MODEL, "accelerator_type": "H100"}, "gpu device profile only"),
+    ],
+)
+def test_bad_specs_are_rejected_with_a_clear_error(bad, message):
+    with pytest.raises(ValidationError) as err:
+        DeploymentSpec.model_validate(bad)
+    assert message in str(err.value) or message in json.dumps(err.value.errors(), default=str)
+
+
+def test_bad_spec_is_rejected_before_ray_is_imported():
+    code = (
+        "import sys\n"
+        "from pydantic import ValidationError\n"
+        "from baton.dataplane.app import build_app\n"
+        "try:\n"
+        "    build_app({'name': 'x', 'model': {'path': '/m', 'served_name': 'm'}, 'mode': 'pd'})\n"
+        "except ValidationError as e:\n"
+        "    assert 'ray' not in sys.modules, 'ray was imported'\n"
+        "    print('rejected:', e.errors()[0]['msg'])\n"
+        "else:\n"
+        "    raise SystemExit('accepted')\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert "needs a KV connector" in out.stdout
+
+
+def test_spec_round_trips_through_the_serve_application_entry():
+    spec = pd_spec(kv={"connector": "nixl", "lmcache": {"redis_url": "redis://127.0.0.1:6379"}})
+    entry = render_serve_application(spec)
+    assert entry["import_path"] == APP_IMPORT_PATH == "baton.dataplane.app:build_app"
+    assert entry["name"] == "tiny"
+    json.dumps(entry)  # what goes to Ray's REST API is plain JSON
+    assert DeploymentSpec.model_validate(entry["args"]) == spec
+
+
+def test_cpu_profile_renders_cpu_engine_settings():
+    spec = pd_spec(engine={"kv_cache_space_gib": 0.5}, prefill={"min": 1, "max": 2})
+    prefill = render_llm_config(spec, "prefill")
+    kwargs = prefill["engine_kwargs"]
+    assert kwargs["dtype"] == "float32"
+    assert kwargs["enforce_eager"] is True
+    assert kwargs["kv_cache_memory_bytes"] == 2**29
+    assert kwargs["kv_transfer_config"]["kv_connector"] == "NixlConnector"
+    assert kwargs["kv_transfer_config"]["kv_buffer_device"] == "cpu"
+    assert "accelerator_type" not in prefill
+    assert prefill["placement_group_config"]["bundles"] == [{"CPU": 0.5}]
+    assert prefill["deployment_config"]["ray_actor_options"] == {"num_cpus": 0}
+    assert prefill["deployment_config"]["autoscaling_config"] == {
+        "min_replicas": 1,
+        "max_replicas": 2,
+        "initial_replicas": 1,
+    }
+    env = prefill["runtime_env"]["env_vars"]
+    for key, value in {
+        "VLLM_HOST_IP": "127.0.0.1",
+        "VLLM_NIXL_SIDE_CHANNEL_HOST": "127.0.0.1",
+        "UCX_NET_DEVICES": "lo",
+        "HF_HUB_OFFLINE": "1",
+    }.items():
+        assert env[key] == value
+    # Ray assigns each replica its own NIXL side-channel port; a fixed one would collide.
+    assert "VLLM_NIXL_SIDE_CHANNEL_PORT" not in env
+    assert (
+        engine_env(DeploymentSpec(name="x", model=MODEL, engine={"kv_cache_space_gib": 1}))["VLLM_CPU_KVCACHE_SPACE"]
+        == "1"
+    )
+
+
+def test_gpu_profile_renders_gpu_engine_settings():
+    spec = DeploymentSpec(
+        name="big", model=MODEL, mode="pd", device="gpu", accelerator_type="H100", kv={"connector": "nixl"}
+    )
+    cfg = render_llm_config(spec, "decode")
+    kwargs = cfg["engine_kwargs"]
+    assert kwargs["dtype"] == "bfloat16"
+    assert kwargs["enforce_eager"] is False
+    assert kwargs["gpu_memory_utilization"] == 0.9
+    assert "kv_cache_memory_bytes" not in kwargs
+    assert kwargs["kv_transfer_config"]["kv_buffer_device"] == "cuda"
+    assert cfg["accelerator_type"] == "H100"
+    assert cfg["placement_group_config"]["bundles"] == [{"GPU": 1, "CPU": 1}]
+    env = cfg["runtime_env"]["env_vars"]
+    assert "rc" in env["UCX_TLS"]
+    assert "UCX_NET_DEVICES" not in env
+
+
+def test_pd_with_lmcache_uses_the_same_multiconnector_on_both_sides():
+    spec = pd_spec(
+        kv={"connector": "nixl", "lmcache": {"local_disk_path": "/var/kv", "redis_url": "redis://127.0.0.1:6379"}}
+    )
+    prefill = render_llm_config(spec, "prefill")["engine_kwargs"]["kv_transfer_config"]
+    decode = render_llm_config(spec, "decode")["engine_kwargs"]["kv_transfer_config"]
+    assert prefill == decode
+    assert prefill["kv_connector"] == "MultiConnector"
+    nixl, lmc = prefill["kv_connector_extra_config"]["connectors"]
+    assert nixl["kv_connector"] == "NixlConnector"
+    assert lmc["kv_connector"] == "BatonLMCacheConnectorV1"
+    assert lmc["kv_connector_module_path"] == "baton.dataplane.kv_connector"
+    extra = lmc["kv_connector_extra_config"]
+    assert extra["lmcache.pre_caching_hash_algorithm"] == "sha256_cbor"
+    assert extra["lmcache.chunk_size"] == 256
+    assert extra["lmcache.remote_url"] == "redis://127.0.0.1:6379"
+    assert extra["lmcache.remote_serde"] == "naive"
+    assert extra["lmcache.remote_storage_plugins"] == ["fs"]
+    assert extra["lmcache.extra_config"]["remote_storage_plugin.fs.base_path"] == "/var/kv"
+
+
+def test_aggregated_without_tiers_has_no_connector():
+    cfg = render_llm_config(DeploymentSpec(name="x", model=MODEL), "aggregated")
+    assert "kv_transfer_config" not in cfg["engine_kwargs"]
+
+
+def test_kv_size_formula_block_rounded():
+    shape = {"num_layers": 2, "num_kv_heads": 2, "head_dim": 32, "dtype_bytes": 4}
+    assert kv_bytes_block_rounded(1, **shape) == 128 * 1024
+    assert kv_bytes_block_rounded(128, **shape) == 128 * 1024
+    assert kv_bytes_block_rounded(1000, **shape) == 8 * 128 * 1024
