@@ -150,13 +150,15 @@ def prefix_dataset(n: int, prefix_len: int, suffix_len: int, output_len: int, *,
 
 def mix_dataset(n: int, *, long_len: int, short_len: int, long_fraction: float, output_len: int,
                 seed: int = 0, tokenizer: TextTokenizer | None = None) -> list[SampleRequest]:
-    """A long-prompt/short-prompt mix: each request is long with probability ``long_fraction`` (the
-    choice is drawn from ``seed``). Long prefills interfere with short requests' decode in aggregated
-    serving; P/D takes them apart."""
+    """A long-prompt/short-prompt mix: ``round(n x long_fraction)`` long requests at positions shuffled
+    by ``seed``. Long prefills interfere with short requests' decode in aggregated serving; P/D takes
+    them apart."""
     if not 0 <= long_fraction <= 1:
         raise ValueError("long_fraction must be within 0..1")
     rng = random.Random(seed)
-    kinds = ["long" if rng.random() < long_fraction else "short" for _ in range(n)]
+    n_long = round(n * long_fraction)
+    kinds = ["long"] * n_long + ["short"] * (n - n_long)
+    rng.shuffle(kinds)
     longs = random_dataset(sum(k == "long" for k in kinds), long_len, output_len, seed=seed + 1, tokenizer=tokenizer)
     shorts = random_dataset(sum(k == "short" for k in kinds), short_len, output_len, seed=seed + 2,
                             tokenizer=tokenizer)

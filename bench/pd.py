@@ -18,6 +18,7 @@ import contextlib
 import dataclasses
 import json
 import math
+import statistics
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
@@ -167,7 +168,13 @@ def predict(cfg: PdConfig, folder: Path, samples: list[SampleRequest], records: 
     base = planner.Hardware(link_bandwidth_gbps=cfg.link_gbps)
     cal = planner.calibrate(records, base)
     hw = cal.hardware if cal else base
-    out: dict[str, Any] = {"hardware": asdict(hw), "calibrated": cal is not None, "by_rate": []}
+    notes = []
+    tpots = sorted(r["tpot_ms"] for r in records if r.get("tpot_ms"))
+    if cal and tpots and hw.decode_step_ms < 0.5 <= statistics.median(tpots):
+        # A starved API server flushes a whole answer at once, which makes the fast end of the TPOTs ~0.
+        hw = dataclasses.replace(hw, decode_step_ms=statistics.median(tpots))
+        notes.append("decode step taken from the probe's median TPOT: its fast end was ~0 (coalesced stream)")
+    out: dict[str, Any] = {"hardware": asdict(hw), "calibrated": cal is not None, "notes": notes, "by_rate": []}
     for rate in cfg.request_rates:
         traffic = planner.Traffic(prompt_tokens=[s.prompt_len for s in samples],
                                   output_tokens=[s.output_len for s in samples], arrival_rate=rate)

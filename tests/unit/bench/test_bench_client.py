@@ -154,6 +154,7 @@ def test_mix_dataset_draws_long_and_short_from_the_seed() -> None:
     b = datasets.mix_dataset(200, long_len=50, short_len=5, long_fraction=0.25, output_len=4, seed=9)
     assert [s.kind for s in a] == [s.kind for s in b]
     longs = [s for s in a if s.kind == "long"]
-    assert 30 <= len(longs) <= 70
+    assert len(longs) == 50
+    assert [s.kind for s in a] != sorted(s.kind for s in a)  # shuffled, not all long first
     assert all(len(s.prompt.split()) == 50 for s in longs)
     assert all(len(s.prompt.split()) == 5 for s in a if s.kind == "short")
