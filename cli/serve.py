@@ -96,5 +96,5 @@ def run(
     except KeyboardInterrupt:
         pass
     finally:
-        serve.shutdown()
+        serve.shutdown()  # type: ignore[no-untyped-call]
         ray.shutdown()
