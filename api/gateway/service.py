@@ -256,9 +256,8 @@ def upstream_body(call: Call, salt: str) -> tuple[bytes, bool]:
     """The engine's request body and whether the client itself asked for stream usage.
 
     Server-controlled fields are replaced (the tenant's ``cache_salt``), stream usage is always
-    requested. Values JSON cannot carry (integers beyond 64 bits that orjson refuses are written by
-    the standard library; NaN and infinities are refused) are the client's error, before any limit
-    is spent."""
+    requested. Integers beyond 64 bits (which orjson refuses) are written by the standard library;
+    anything JSON cannot carry at all is the client's error (400), before any limit is spent."""
     payload = call.payload
     for name in SERVER_FIELDS:
         payload.pop(name, None)

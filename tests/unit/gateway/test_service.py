@@ -1,0 +1,69 @@
+"""Request checks before any upstream work: parameters, context length, the upstream body."""
+
+from __future__ import annotations
+
+import uuid
+
+import orjson
+import pytest
+
+from baton.api.gateway.principals import ModelGrant
+from baton.api.gateway.ratelimit import _duration
+from baton.api.gateway.service import (
+    Call,
+    ContextLengthError,
+    UnsupportedParameterError,
+    check_parameters,
+    upstream_body,
+)
+from baton.api.gateway.tokens import PromptCounter, count_completion_prompt, prompt_count
+
+GRANT = ModelGrant(uuid.uuid4(), "m", 1000, "/nonexistent", 0)
+
+
+def _call(payload: dict[str, object], stream: bool = False) -> Call:
+    return Call("chat/completions", payload, GRANT, 10, 100, stream)
+
+
+@pytest.mark.parametrize(("payload", "param"), [
+    ({"n": 9}, "n"), ({"audio": {}}, "audio"), ({"modalities": ["text", "audio"]}, "modalities"),
+    ({"store": True}, "store"), ({"prediction": {"type": "content"}}, "prediction"),
+])
+def test_unsupported_parameters_are_named(payload: dict[str, object], param: str) -> None:
+    with pytest.raises(UnsupportedParameterError) as exc:
+        check_parameters(payload)
+    assert exc.value.param == param and exc.value.status == 400
+
+
+def test_supported_parameters_pass() -> None:
+    check_parameters({"n": 2, "modalities": ["text"], "store": False, "top_k": 3})
+
+
+def test_the_body_carries_the_tenants_salt_and_always_asks_for_usage() -> None:
+    payload = {"model": "m", "cache_salt": "mine", "kv_transfer_params": {"x": 1}, "priority": -5, "stream": True,
+               "stream_options": {"include_usage": False}}
+    body, client_usage = upstream_body(_call(payload, stream=True), "tenant-salt")
+    sent = orjson.loads(body)
+    assert sent["cache_salt"] == "tenant-salt" and "kv_transfer_params" not in sent and "priority" not in sent
+    assert sent["stream_options"] == {"include_usage": True} and client_usage is False
+    body, _ = upstream_body(_call({"model": "m", "seed": 2**70}), "s")
+    assert orjson.loads(body.replace(b"1180591620717411303424", b"0"))["seed"] == 0
+
+
+def test_prompt_estimates() -> None:
+    counter = PromptCounter()
+    text, overhead = counter.chat_text([{"role": "user", "content": "hello world"},
+                                        {"role": "user", "content": [{"type": "text", "text": "again"}]}])
+    assert text == "hello world\nagain" and overhead == 11
+    assert counter.count("x" * 40, source="/nope", context_length=1000) == (11, False)
+    assert count_completion_prompt([1, 2, 3], counter, source="/nope", context_length=10) == 3
+    assert count_completion_prompt([[1, 2], [1, 2, 3, 4]], counter, source="/nope", context_length=10) == 4
+    assert prompt_count(["a", "b"]) == 2 and prompt_count([1, 2]) == 1
+
+
+def test_openai_reset_durations() -> None:
+    assert [_duration(x) for x in (120, 1000, 6500, 360_000)] == ["120ms", "1s", "6.5s", "6m0s"]
+
+
+def test_context_errors_are_openai_codes() -> None:
+    assert ContextLengthError.code == "context_length_exceeded" and ContextLengthError.status == 400
