@@ -22,6 +22,7 @@ def _mount_optional() -> None:
 
     for module, name in (
         ("baton.cli.model", "model"),
+        ("baton.cli.console", "console"),
         ("baton.cli.serve", "serve"),
         ("baton.cli.stack", None),
         ("baton.cli.keys", "keys"),
