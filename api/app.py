@@ -70,7 +70,7 @@ def create_app(
         own_db = db is None
         own_redis = redis is None
         database = db or Database.for_services(settings)
-        red = redis or aioredis.Redis.from_url(settings.redis.url, socket_timeout=5, socket_connect_timeout=2,
+        red: Any = redis or aioredis.Redis.from_url(settings.redis.url, socket_timeout=5, socket_connect_timeout=2,
                                                health_check_interval=30)
         gateway = build_gateway(settings, db=database, redis=red, router=router, http_client=http_client)
         app.state.settings = settings
@@ -106,7 +106,25 @@ def create_app(
         return {"status": "ok"}
 
     include_optional_routers(app, OPTIONAL_ROUTERS if optional_routers is None else optional_routers)
+    _document_v1_errors_as_400(app)
     return app
+
+
+def _document_v1_errors_as_400(app: FastAPI) -> None:
+    """FastAPI documents request validation as 422; ``/v1`` answers it as OpenAI does, with a 400."""
+    generate = app.openapi
+
+    def openapi() -> dict[str, Any]:
+        if app.openapi_schema is None:
+            schema = generate()
+            for path, operations in schema.get("paths", {}).items():
+                if path.startswith("/v1/"):
+                    for operation in operations.values():
+                        if isinstance(operation, dict):
+                            operation.get("responses", {}).pop("422", None)
+        return app.openapi_schema  # type: ignore[return-value]
+
+    app.openapi = openapi  # type: ignore[method-assign]
 
 
 def create_app_from_env() -> FastAPI:
