@@ -1,0 +1,224 @@
+"""The control loop against a real local Ray head: /admin/v1 -> Postgres -> reconciler -> Serve REST API.
+
+Starts its own head (``ray start --head --block``, dashboard on loopback, Serve's proxy on its own port)
+and stops exactly that process group afterwards. Run by hand under the machine-wide lock:
+
+    flock /tmp/baton-heavy.lock .venv/bin/pytest -m e2e tests/e2e/test_reconciler.py
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from fastapi import FastAPI
+from fastapi.testclient import TestClient
+from pydantic import SecretStr
+
+pytestmark = pytest.mark.e2e
+
+GCS_PORT = int(os.environ.get("BATON_E2E_RAY_PORT", "6390"))
+DASHBOARD_PORT = int(os.environ.get("BATON_E2E_DASHBOARD_PORT", "8266"))
+SERVE_PORT = int(os.environ.get("BATON_E2E_RECONCILE_SERVE_PORT", "8011"))
+TOKEN = "e2e-admin-token"
+STEP_TIMEOUT_S = 420
+
+
+@pytest.fixture(scope="module")
+def ray_head(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    ray_bin = Path(sys.executable).with_name("ray")
+    if not ray_bin.exists():
+        pytest.skip("ray is not installed")
+    temp_dir = Path("/tmp/baton-e2e-ray")
+    shutil.rmtree(temp_dir, ignore_errors=True)
+    env = {
+        **os.environ,
+        "HF_HUB_OFFLINE": "1",
+        "VLLM_HOST_IP": "127.0.0.1",
+        "VLLM_NIXL_SIDE_CHANNEL_HOST": "127.0.0.1",
+        "UCX_NET_DEVICES": "lo",
+    }
+    log = (tmp_path_factory.mktemp("ray") / "head.log").open("w")
+    head = subprocess.Popen(
+        [
+            str(ray_bin),
+            "start",
+            "--head",
+            "--block",
+            "--node-ip-address",
+            "127.0.0.1",
+            "--dashboard-host",
+            "127.0.0.1",
+            f"--dashboard-port={DASHBOARD_PORT}",
+            f"--port={GCS_PORT}",
+            "--num-cpus",
+            "8",
+            f"--temp-dir={temp_dir}",
+            "--disable-usage-stats",
+        ],
+        env=env,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
+    url = f"http://127.0.0.1:{DASHBOARD_PORT}"
+    try:
+        deadline = time.monotonic() + 120
+        while True:
+            try:
+                if httpx.get(f"{url}/api/version", timeout=2).status_code < 500:
+                    break
+            except httpx.HTTPError:
+                pass
+            if head.poll() is not None or time.monotonic() > deadline:
+                pytest.fail("the Ray head did not start (see head.log)")
+            time.sleep(1)
+        yield url
+    finally:
+        os.killpg(head.pid, signal.SIGTERM)
+        try:
+            head.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            os.killpg(head.pid, signal.SIGKILL)
+            head.wait()
+        log.close()
+
+
+@pytest.fixture(scope="module")
+def stack(settings, db, ray_head: str, tiny_model: Path):  # type: ignore[no-untyped-def]
+    from baton.api.admin.deps import AdminContext
+    from baton.api.admin.router import router
+    from baton.control.keys import KeyService
+    from baton.control.ray_client import RayServeClient
+    from baton.control.reconciler import Reconciler
+
+    s = settings.model_copy(
+        update={
+            "security": settings.security.model_copy(update={"admin_token": SecretStr(TOKEN)}),
+            "ray": settings.ray.model_copy(update={"dashboard_url": ray_head, "serve_http_port": SERVE_PORT}),
+        }
+    )
+    client = RayServeClient.from_settings(s)
+    reconciler = Reconciler.from_settings(s, db, client)
+    triggers: list[str] = []
+    app = FastAPI()
+    app.include_router(router, prefix="/admin/v1")
+    app.state.admin = AdminContext(
+        settings=s, db=db, keys=KeyService(db, s), trigger_reconcile=triggers.append, invalidate=lambda kind, id_: None
+    )
+    with TestClient(app, headers={"Authorization": f"Bearer {TOKEN}"}) as http:
+        yield http, reconciler, client, triggers
+    client.close()
+
+
+def _converge(reconciler: Any, check: Callable[[], bool], what: str) -> None:
+    """Reconcile (as the Celery task and its follow-ups would) until ``check`` holds."""
+    deadline = time.monotonic() + STEP_TIMEOUT_S
+    while True:
+        reconciler.reconcile()
+        if check():
+            return
+        if time.monotonic() > deadline:
+            pytest.fail(f"timed out waiting for: {what}")
+        time.sleep(3)
+
+
+def test_admin_api_drives_ray_serve(stack: Any, tiny_model: Path) -> None:
+    http, reconciler, client, triggers = stack
+    model = http.post(
+        "/admin/v1/models",
+        json={
+            "name": "tiny-e2e",
+            "source": str(tiny_model),
+            "context_length": 2048,
+            "num_layers": 2,
+            "num_kv_heads": 2,
+            "head_dim": 32,
+            "dtype": "float32",
+        },
+    ).json()
+    dep = http.post(
+        "/admin/v1/deployments",
+        json={
+            "name": "tiny-e2e",
+            "model_id": model["id"],
+            "mode": "aggregated",
+            "decode": {"min": 1, "max": 1},
+            "engine": {"kv_cache_space_gib": 0.25, "max_num_seqs": 4, "max_model_len": 1024},
+        },
+    )
+    assert dep.status_code == 201, dep.text
+    dep_id = dep.json()["id"]
+    assert triggers  # the change enqueued a reconcile
+
+    def status() -> dict[str, Any]:
+        return http.get(f"/admin/v1/deployments/{dep_id}/status").json()
+
+    def running(generation: int) -> Callable[[], bool]:
+        def check() -> bool:
+            st = status()
+            if st["observed_state"] == "failed":
+                pytest.fail(f"deployment failed: {st['observed_reason']}")
+            return st["observed_state"] == "running" and st["observed_generation"] == generation
+
+        return check
+
+    # 1. aggregated: the app comes up in Ray and answers through Serve's proxy.
+    _converge(reconciler, running(1), "aggregated app running")
+    assert client.status().apps["tiny-e2e"].status == "RUNNING"
+    base = f"http://127.0.0.1:{SERVE_PORT}/tiny-e2e/v1"
+    out = httpx.post(f"{base}/completions", json={"model": "tiny-e2e", "prompt": "hello", "max_tokens": 4}, timeout=120)
+    assert out.status_code == 200, out.text
+    assert out.json()["usage"]["completion_tokens"] == 4
+
+    # 2. someone deletes the Serve app behind Baton's back: the next reconcile repairs it.
+    client.apply({"http_options": {"host": "127.0.0.1", "port": SERVE_PORT}, "applications": []})
+    deadline = time.monotonic() + STEP_TIMEOUT_S
+    while "tiny-e2e" in client.status().apps and time.monotonic() < deadline:
+        time.sleep(2)  # (no reconcile meanwhile: it would put the app straight back)
+    assert "tiny-e2e" not in client.status().apps
+    result = reconciler.reconcile()
+    assert result.applied and "tiny-e2e" in client.status().apps
+    _converge(reconciler, running(1), "app repaired")
+
+    # 3. switch to P/D: prefill and decode pools appear in Ray.
+    etag = http.get(f"/admin/v1/deployments/{dep_id}").headers["etag"]
+    r = http.patch(
+        f"/admin/v1/deployments/{dep_id}",
+        headers={"If-Match": etag},
+        json={"mode": "pd", "kv_connector": "nixl", "prefill": {"min": 1, "max": 1}, "decode": {"min": 1, "max": 1}},
+    )
+    assert r.status_code == 200, r.text
+    _converge(reconciler, running(2), "pd app running")
+    deployments = client.status().apps["tiny-e2e"].deployments
+    assert any(name.startswith("Prefill") for name in deployments), deployments
+    assert any(name.startswith("Decode") for name in deployments), deployments
+
+    # 4. scale the decode pool: Serve runs the new range.
+    r = http.patch(f"/admin/v1/deployments/{dep_id}", json={"decode": {"min": 2, "max": 2}})
+    assert r.json()["generation"] == 3
+    _converge(reconciler, running(3), "decode pool scaled")
+    assert client.status().apps["tiny-e2e"].config["args"]["decode"]["min"] == 2
+    out = httpx.post(
+        f"{base}/completions", json={"model": "tiny-e2e", "prompt": "hello again", "max_tokens": 4}, timeout=120
+    )
+    assert out.status_code == 200, out.text
+
+    # 5. delete: the app leaves Ray, then the row leaves Postgres.
+    assert http.delete(f"/admin/v1/deployments/{dep_id}").status_code == 202
+    _converge(reconciler, lambda: http.get(f"/admin/v1/deployments/{dep_id}").status_code == 404, "deleted")
+    assert "tiny-e2e" not in client.status().apps
+    actions = [
+        a["action"]
+        for a in http.get("/admin/v1/audit", params={"actor": "system:reconciler", "limit": 200}).json()["data"]
+    ]
+    assert "serve.apply" in actions and "deployment.removed" in actions
