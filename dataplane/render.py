@@ -13,6 +13,7 @@ from baton.dataplane.spec import DeploymentSpec, LMCacheTiers, ReplicaRange
 
 Role = Literal["aggregated", "prefill", "decode"]
 
+NIXL_DECODE_PORT_OFFSET = 2000
 APP_IMPORT_PATH = "baton.dataplane.app:build_app"
 LMCACHE_CONNECTOR_MODULE = "baton.dataplane.kv_connector"
 LMCACHE_CONNECTOR_CLASS = "BatonLMCacheConnectorV1"
@@ -183,6 +184,9 @@ def render_llm_config(spec: DeploymentSpec, role: Role) -> dict[str, Any]:
         "deployment_config": deployment,
         "log_engine_metrics": True,
     }
+    if spec.kv.connector == "nixl" and role != "aggregated":
+        offset = 0 if role == "prefill" else NIXL_DECODE_PORT_OFFSET
+        cfg["experimental_configs"] = {"NIXL_SIDE_CHANNEL_PORT_BASE": spec.kv.nixl_port_base + offset}
     if spec.device == "cpu":
         # The replica actor and its engine share one fractional bundle, so a 2-core machine can hold
         # several replicas; vLLM's own processes are not Ray-scheduled.

@@ -130,6 +130,13 @@ class KVTransferSettings(_Strict):
         default=None, description="LMCache tiers (local CPU, disk, Redis); unset disables LMCache."
     )
     nixl_backends: list[str] = Field(default=["UCX"], min_length=1, description="NIXL transport backends.")
+    nixl_port_base: int = Field(
+        default=20000,
+        ge=1024,
+        le=60000,
+        description="First NIXL side-channel port of the prefill pool (replica rank is added); the decode "
+        "pool uses base + 2000. Give each deployment sharing a host its own range.",
+    )
 
 
 class DeploymentSpec(_Strict):

@@ -19,7 +19,11 @@ import pytest
 from baton.dataplane.spec import DeploymentSpec
 from baton.dataplane.tinymodel import build_tiny_model
 
-SERVE_PORT = int(os.environ.get("BATON_E2E_SERVE_PORT", "8001"))
+REDIS_URL = os.environ.get("BATON_E2E_REDIS_URL", "redis://127.0.0.1:6379")
+# Other Ray clusters (a `baton up`, another test session) may run on the same host: by default the
+# Serve proxy takes a free port, and P/D deployments take NIXL side-channel ports from NIXL_PORT_BASE.
+SERVE_PORT = int(os.environ.get("BATON_E2E_SERVE_PORT", "0"))
+NIXL_PORT_BASE = int(os.environ.get("BATON_E2E_NIXL_PORT_BASE", str(30000 + os.getpid() % 6 * 4000)))
 DEPLOY_TIMEOUT_S = 600
 
 
@@ -138,10 +142,11 @@ def serve_cluster() -> Iterator[ServeCluster]:
         logging_level="WARNING",
         log_to_driver=False,
     )
-    serve.start(http_options={"host": "127.0.0.1", "port": SERVE_PORT})
+    serve_port = SERVE_PORT or _free_port()
+    serve.start(http_options={"host": "127.0.0.1", "port": serve_port})
     try:
         yield ServeCluster(
-            metrics_url=f"http://127.0.0.1:{metrics_port}/metrics", serve_url=f"http://127.0.0.1:{SERVE_PORT}"
+            metrics_url=f"http://127.0.0.1:{metrics_port}/metrics", serve_url=f"http://127.0.0.1:{serve_port}"
         )
     finally:
         serve.shutdown()
@@ -166,3 +171,27 @@ def chat(base_url: str, content: str, *, max_tokens: int = 16, **extra) -> dict:
     r = httpx.post(f"{base_url}/chat/completions", json=body, timeout=300)
     r.raise_for_status()
     return r.json()
+
+
+@pytest.fixture
+def redis_client():
+    redis = pytest.importorskip("redis")
+    client = redis.Redis.from_url(REDIS_URL)
+    try:
+        client.ping()
+    except redis.ConnectionError:
+        pytest.skip(f"no Redis at {REDIS_URL}")
+    return client
+
+
+def kv_keys(client) -> set[bytes]:
+    return set(client.scan_iter(match="*kv_bytes", count=1000))
+
+
+def wait_new_keys(client, before: set[bytes], count: int, timeout_s: float = 60) -> set[bytes]:
+    deadline = time.monotonic() + timeout_s
+    while True:
+        new = kv_keys(client) - before
+        if len(new) >= count or time.monotonic() > deadline:
+            return new
+        time.sleep(0.5)

@@ -3,19 +3,17 @@
 from __future__ import annotations
 
 import os
-import time
 
 import pytest
 
 from baton.dataplane.kv_connector import tenant_tag
 from baton.dataplane.spec import DeploymentSpec
 
-from .conftest import completion
+from .conftest import REDIS_URL, completion, kv_keys, wait_new_keys
 from .test_pd_serving import token_prompt
 
 pytestmark = pytest.mark.e2e
 
-REDIS_URL = os.environ.get("BATON_E2E_REDIS_URL", "redis://127.0.0.1:6379")
 CHUNK = 256
 N = 600  # two whole chunks (512 tokens) are stored, the 88-token tail is not
 BY_SOURCE = "ray_vllm_prompt_tokens_by_source_total"
@@ -28,30 +26,6 @@ def spec(name: str, tiny_model) -> DeploymentSpec:
         engine={"kv_cache_space_gib": 0.25, "max_num_seqs": 8},
         kv={"lmcache": {"chunk_size": CHUNK, "local_cpu_gib": 0.25, "redis_url": REDIS_URL}},
     )
-
-
-@pytest.fixture
-def redis_client():
-    redis = pytest.importorskip("redis")
-    client = redis.Redis.from_url(REDIS_URL)
-    try:
-        client.ping()
-    except redis.ConnectionError:
-        pytest.skip(f"no Redis at {REDIS_URL}")
-    return client
-
-
-def kv_keys(client) -> set[bytes]:
-    return set(client.scan_iter(match="*kv_bytes", count=1000))
-
-
-def wait_new_keys(client, before: set[bytes], count: int, timeout_s: float = 60) -> set[bytes]:
-    deadline = time.monotonic() + timeout_s
-    while True:
-        new = kv_keys(client) - before
-        if len(new) >= count or time.monotonic() > deadline:
-            return new
-        time.sleep(0.5)
 
 
 def test_redis_tier_shared_across_engines_and_separated_by_tenant(serve_cluster, tiny_model, redis_client):

