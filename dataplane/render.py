@@ -150,12 +150,12 @@ def lmcache_extra_config(tiers: LMCacheTiers, *, device: str) -> dict[str, Any]:
         "lmcache.use_layerwise": False,
         "lmcache.enable_async_loading": False,
     }
-    if tiers.local_disk_path:
+    if tiers.local_disk_path and tiers.disk_kind == "fs":
         cfg["lmcache.remote_storage_plugins"] = ["fs"]
-        cfg["lmcache.extra_config"] = {
-            "remote_storage_plugin.fs.base_path": tiers.local_disk_path,
-            "remote_storage_plugin.fs.max_size_gb": tiers.local_disk_gib,
-        }
+        cfg["lmcache.extra_config"] = {"remote_storage_plugin.fs.base_path": tiers.local_disk_path}
+    elif tiers.local_disk_path:
+        cfg["lmcache.local_disk"] = f"file://{tiers.local_disk_path}"
+        cfg["lmcache.max_local_disk_size"] = tiers.local_disk_gib
     if tiers.redis_url:
         cfg["lmcache.remote_url"] = tiers.redis_url
         cfg["lmcache.remote_serde"] = "naive"

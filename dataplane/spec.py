@@ -100,10 +100,14 @@ class LMCacheTiers(_Strict):
     local_cpu_gib: float = Field(
         default=1.0, ge=0, description="Local CPU-memory tier size per engine in GiB (0 disables it)."
     )
-    local_disk_path: str | None = Field(
-        default=None, description="Directory of the disk tier (persistent, shared through the fs plugin)."
+    local_disk_path: str | None = Field(default=None, description="Directory of the disk tier (unset: no disk tier).")
+    disk_kind: Literal["fs", "local_disk"] = Field(
+        default="fs",
+        description="`fs`: LMCache's fs storage plugin, persistent across restarts and shareable between "
+        "engines, no size limit; `local_disk`: LMCache's local disk backend, size-limited by "
+        "local_disk_gib, index kept in memory (lost on restart).",
     )
-    local_disk_gib: float = Field(default=4.0, gt=0, description="Disk tier size limit in GiB.")
+    local_disk_gib: float = Field(default=4.0, gt=0, description="Size limit of a `local_disk` tier in GiB.")
     redis_url: str | None = Field(
         default=None,
         pattern=r"^rediss?://",

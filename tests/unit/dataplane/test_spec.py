@@ -170,3 +170,34 @@ def test_nixl_side_channel_ports_come_from_the_spec():
     spec = pd_spec(kv={"connector": "nixl", "nixl_port_base": 31000})
     assert render_llm_config(spec, "prefill")["experimental_configs"] == {"NIXL_SIDE_CHANNEL_PORT_BASE": 31000}
     assert render_llm_config(spec, "decode")["experimental_configs"] == {"NIXL_SIDE_CHANNEL_PORT_BASE": 33000}
+
+
+def test_lmcache_settings_are_all_known_to_lmcache():
+    pytest.importorskip("lmcache")
+    from lmcache.v1.config import LMCacheEngineConfig
+    from lmcache.v1.config_base import validate_and_set_config_value
+
+    from baton.dataplane.render import lmcache_extra_config
+    from baton.dataplane.spec import LMCacheTiers
+
+    tiers = LMCacheTiers(local_disk_path="/var/kv", redis_url="redis://127.0.0.1:6379")
+    config = LMCacheEngineConfig.from_defaults()
+    for key, value in lmcache_extra_config(tiers, device="cpu").items():
+        assert key.startswith("lmcache.")
+        assert validate_and_set_config_value(config, key.removeprefix("lmcache."), value), key
+    assert config.chunk_size == 256
+    assert config.remote_url == "redis://127.0.0.1:6379"
+    assert config.pre_caching_hash_algorithm == "sha256_cbor"
+    assert config.extra_config["remote_storage_plugin.fs.base_path"] == "/var/kv"
+
+
+def test_local_disk_tier_is_size_limited():
+    from baton.dataplane.render import lmcache_extra_config
+    from baton.dataplane.spec import LMCacheTiers
+
+    extra = lmcache_extra_config(
+        LMCacheTiers(local_disk_path="/var/kv", disk_kind="local_disk", local_disk_gib=2), device="cpu"
+    )
+    assert extra["lmcache.local_disk"] == "file:///var/kv"
+    assert extra["lmcache.max_local_disk_size"] == 2
+    assert "lmcache.remote_storage_plugins" not in extra
