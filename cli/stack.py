@@ -8,6 +8,7 @@ app comes up), the gateway + console, and a Celery worker. ``down`` stops what `
 
 from __future__ import annotations
 
+import contextlib
 import os
 import secrets
 import shutil
@@ -36,12 +37,6 @@ LOOPBACK_ENV = {
     "VLLM_NIXL_SIDE_CHANNEL_HOST": "127.0.0.1",
     "UCX_NET_DEVICES": "lo",
 }
-
-
-def _console() -> object:
-    from rich.console import Console
-
-    return Console(stderr=True)
 
 
 def _bin(name: str) -> str:
@@ -118,10 +113,8 @@ class Processes:
             except ProcessLookupError:
                 return True
             time.sleep(0.2)
-        try:
+        with contextlib.suppress(ProcessLookupError):
             os.killpg(pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
         return True
 
 
@@ -175,6 +168,101 @@ def stop_ray_head() -> None:
                    stderr=subprocess.DEVNULL)
 
 
+# --- catalogue through the admin API ---------------------------------------------------------------------
+
+class Admin:
+    """A small client of Baton's own /admin/v1, so ``up`` goes through validation, audit and reconcile."""
+
+    def __init__(self, base_url: str, token: str) -> None:
+        import httpx
+
+        self.http = httpx.Client(base_url=f"{base_url}/admin/v1", headers={"authorization": f"Bearer {token}"},
+                                 timeout=30.0)
+
+    def find(self, path: str, **match: str) -> dict[str, object] | None:
+        r = self.http.get(path, params={"limit": 200})
+        r.raise_for_status()
+        body = r.json()
+        items = body.get("items", body) if isinstance(body, dict) else body
+        return next((i for i in items if all(i.get(k) == v for k, v in match.items())), None)
+
+    def ensure(self, path: str, body: dict[str, object], **match: str) -> dict[str, object]:
+        found = self.find(path, **match)
+        if found is not None:
+            return found
+        r = self.http.post(path, json=body)
+        if r.status_code >= 400:
+            raise typer.Exit(_fail(f"POST /admin/v1{path}: {r.status_code} {r.text[:300]}"))
+        return dict(r.json())
+
+
+def ensure_catalogue(admin: Admin, model_dir: Path, redis_url: str) -> tuple[dict[str, object], dict[str, object]]:
+    """The tiny model, its P/D deployment, and the demo tenant with access to it."""
+    import json
+
+    config = json.loads((model_dir / "config.json").read_text())
+    model = admin.ensure("/models", {
+        "name": DEMO_MODEL, "source": str(model_dir.resolve()),
+        "context_length": int(config["max_position_embeddings"]), "num_layers": int(config["num_hidden_layers"]),
+        "num_kv_heads": int(config["num_key_value_heads"]), "head_dim": int(config["head_dim"]),
+        "dtype": "float32",
+    }, name=DEMO_MODEL)
+    deployment = admin.ensure("/deployments", {
+        "name": DEMO_DEPLOYMENT, "model_id": model["id"], "mode": "pd",
+        "prefill": {"min": 1, "max": 1}, "decode": {"min": 1, "max": 1},
+        "engine": {"kv_cache_space_gib": 0.5, "max_num_seqs": 16, "max_model_len": 4096},
+        "kv_connector": "nixl", "lmcache": {"redis_url": redis_url, "local_cpu_gib": 0.25},
+    }, name=DEMO_DEPLOYMENT)
+    tenant = admin.ensure("/tenants", {"name": DEMO_TENANT, "display_name": "Demo tenant"}, name=DEMO_TENANT)
+    admin.http.post(f"/tenants/{tenant['id']}/models/{model['id']}")
+    return tenant, deployment
+
+
+def demo_key(admin: Admin, tenant: dict[str, object], state: Path) -> str:
+    """The demo tenant's key: issued on the first ``up`` (its secret is kept in var/demo.key, mode 0600)."""
+    path = state / "demo.key"
+    if path.exists():
+        return path.read_text().strip()
+    r = admin.http.post(f"/tenants/{tenant['id']}/keys", json={"name": f"demo-{secrets.token_hex(3)}"})
+    if r.status_code >= 400:
+        raise typer.Exit(_fail(f"could not issue the demo key: {r.status_code} {r.text[:300]}"))
+    key = str(r.json()["secret"])
+    path.write_text(key + "\n")
+    path.chmod(0o600)
+    return key
+
+
+def wait_running(admin: Admin, deployment_id: object, timeout_s: float) -> None:
+    from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+
+    deadline = time.monotonic() + timeout_s
+    with Progress(SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(), transient=True) as bar:
+        task = bar.add_task("P/D deployment: waiting for Ray Serve", total=None)
+        while time.monotonic() < deadline:
+            r = admin.http.get(f"/deployments/{deployment_id}/status")
+            state = r.json().get("observed_state") if r.status_code == 200 else None
+            reason = r.json().get("observed_reason") if r.status_code == 200 else None
+            bar.update(task, description=f"P/D deployment: {state or 'unknown'}")
+            if state == "running":
+                return
+            if state == "failed":
+                raise typer.Exit(_fail(f"the deployment failed: {reason}"))
+            time.sleep(3)
+    raise typer.Exit(_fail(f"the deployment was not running after {timeout_s:.0f} s (logs: var/log/ and Ray's "
+                           "session logs, logs/serve/)"))
+
+
+def smoke(base_url: str, key: str) -> str:
+    import httpx
+
+    r = httpx.post(f"{base_url}/v1/chat/completions", headers={"authorization": f"Bearer {key}"}, timeout=120,
+                   json={"model": DEMO_MODEL, "max_tokens": 12, "temperature": 0,
+                         "messages": [{"role": "user", "content": "Hello, Baton!"}]})
+    if r.status_code != 200:
+        raise typer.Exit(_fail(f"chat completion through the gateway failed: {r.status_code} {r.text[:300]}"))
+    return str(r.json()["choices"][0]["message"]["content"])
+
+
 # --- commands -------------------------------------------------------------------------------------------
 
 def register(app: typer.Typer) -> None:
@@ -182,24 +270,72 @@ def register(app: typer.Typer) -> None:
     app.command("down")(down)
 
 
+def _state_dir() -> Path:
+    return Path(os.environ.get("BATON_STATE_DIR", "var"))
+
+
 def up(
     with_model: bool = typer.Option(True, "--model/--no-model", help="Deploy the tiny model in P/D mode."),
+    timeout_s: float = typer.Option(900, "--timeout", help="Seconds to wait for the P/D deployment."),
 ) -> None:
     """Bring Baton up on this machine: schema, Ray head, tiny model in P/D mode, gateway and console."""
+    from rich.console import Console
+
     from baton.cli.db import ensure_database
     from baton.core.settings import load_settings
 
-    state = Path(os.environ.get("BATON_STATE_DIR", "var"))
-    _env_path, admin_token = ensure_env_file(state)
+    out = Console()
+    state = _state_dir()
+    ensure_env_file(state)
     settings = load_settings()
-    ensure_database(settings.db.url)
-    raise typer.Exit(_fail("deployment step not wired yet"))
+    procs = Processes(state)
+    baton = _bin("baton")
+
+    with out.status("Postgres schema"):
+        ensure_database(settings.db.url)
+        subprocess.run([baton, "db", "upgrade"], check=True, stdout=subprocess.DEVNULL)
+    out.print("[green]ok[/] Postgres schema at head")
+
+    model_dir = state / "models" / "tiny-llama"
+    if with_model and not (model_dir / "config.json").exists():
+        with out.status("building the tiny model"):
+            subprocess.run([baton, "model", "make-tiny", "--out", str(model_dir)], check=True,
+                           stdout=subprocess.DEVNULL)
+    if with_model:
+        out.print(f"[green]ok[/] tiny model in {model_dir}")
+        with out.status("Ray head (loopback only)"):
+            start_ray_head(settings)
+        out.print(f"[green]ok[/] Ray head, dashboard {settings.ray.dashboard_url}")
+
+    base_url = f"http://{settings.gateway.host}:{settings.gateway.port}"
+    procs.start("worker", [baton, "worker"])
+    procs.start("gateway", [baton, "gateway", "run"])
+    wait_for("the gateway", lambda: _http_ok(f"{base_url}/healthz"), 60)
+    out.print(f"[green]ok[/] gateway and console at {base_url} (worker running)")
+
+    token = settings.security.admin_token
+    if token is None:
+        raise typer.Exit(_fail("BATON_SECURITY__ADMIN_TOKEN is not set (var/baton.env)"))
+    admin = Admin(base_url, token.get_secret_value())
+    if with_model:
+        tenant, deployment = ensure_catalogue(admin, model_dir, settings.redis.lmcache_url)
+        key = demo_key(admin, tenant, state)
+        wait_running(admin, deployment["id"], timeout_s)
+        reply = smoke(base_url, key)
+        out.print(f"[green]ok[/] {DEMO_DEPLOYMENT}: prefill and decode pools running; a chat completion "
+                  f"answered {reply[:40]!r}")
+        out.print()
+        out.print("Point any OpenAI client at Baton:")
+        out.print(f"  OPENAI_BASE_URL={base_url}/v1")
+        out.print(f"  OPENAI_API_KEY=$(cat {state / 'demo.key'})   # tenant 'demo'")
+        out.print(f"  model: {DEMO_MODEL}")
+    out.print(f"Console: {base_url}/console/   Admin API: {base_url}/admin/v1 (token in {state / 'baton.env'})")
+    out.print("Stop everything with: scripts/down")
 
 
 def down() -> None:
     """Stop what `baton up` started (gateway, worker, the Ray head and its Serve apps)."""
-    state = Path(os.environ.get("BATON_STATE_DIR", "var"))
-    procs = Processes(state)
+    procs = Processes(_state_dir())
     for name in ("gateway", "worker"):
         if procs.stop(name):
             typer.echo(f"stopped {name}")
