@@ -26,6 +26,7 @@ Violations:
 
 from __future__ import annotations
 
+# ruff: noqa: S105  (token_unit / TOKEN_ID_PREFIX are not secrets)
 import difflib
 import json
 from collections import Counter
@@ -249,7 +250,8 @@ def judge(rec: RequestRecord, baseline: Baseline | None) -> Verdict:
 
     s = read_stream(rec.events)
     v.finals = len(s.finish_reasons) + len(s.errors) + (1 if s.after_end else 0)
-    v.usage_completion_tokens = int(s.usage["completion_tokens"]) if s.usage and "completion_tokens" in s.usage else None
+    if s.usage and "completion_tokens" in s.usage:
+        v.usage_completion_tokens = int(s.usage["completion_tokens"])
     if s.malformed:
         v.notes.append(f"{s.malformed} malformed events")
     if s.errors:
@@ -353,7 +355,7 @@ class Ledger:
     def check(self) -> tuple[LedgerSummary, list[Verdict]]:
         verdicts = self.verdicts()
         s = LedgerSummary(sent=len(verdicts))
-        units = Counter()
+        units: Counter[str] = Counter()
         errs: Counter[str] = Counter()
         for rec, v in zip(self.records, verdicts, strict=True):
             if rec.http_status == 200 and rec.request_id:

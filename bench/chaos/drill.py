@@ -1,0 +1,661 @@
+"""The chaos drill: baseline, steady streaming load through the gateway, seeded faults, the verdict.
+
+1. Baseline: every prompt once, alone (greedy, ``ignore_eos``, fixed ``max_tokens``), then once more
+   all at once; a prompt whose two answers differ is dropped from the load (its greedy output is not a
+   reliable reference) and reported.
+2. Load: ``concurrency`` streams at all times, prompts drawn from the stable set (seeded).
+3. Faults, one after another at seeded random gaps, each only when its pool is at full strength
+   and streams are in flight: SIGKILL of a prefill or decode replica (engine core and replica
+   process), SIGSTOP (+SIGCONT after ``stall_s``), the LMCache Redis tier down (and back up after
+   ``tier_down_s``), and dropped client connections. Each is checked to have fired; kills are checked
+   to have been replaced by Ray.
+4. The ledger (:mod:`.ledger`) judges every request; Postgres is checked for one usage record and one
+   request record (with the matching status) per accepted request; recovery steps are read from the
+   request records.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import codecs
+import json
+import math
+import random
+import statistics
+import time
+import uuid
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import httpx
+
+from baton.bench.chaos.faults import (
+    FaultRecord,
+    Pool,
+    Replica,
+    ReplicaFinder,
+    continue_replica,
+    kill_replica,
+    stop_replica,
+)
+from baton.bench.chaos.ledger import Baseline, Ledger, RequestRecord, parse_sse, read_stream
+from baton.bench.chaos.stack import Endpoint
+
+Log = Callable[[str], None]
+Progress = Callable[[str, float, float], None]
+"""``progress(description, done, total)``."""
+
+FAULT_KINDS = ("kill_decode", "kill_prefill", "stop_decode", "stop_prefill", "tier_down", "drop")
+
+
+@dataclass
+class DrillConfig:
+    kills: int = 4
+    stalls: int = 1
+    tier_downs: int = 1
+    drops: int = 2
+    seed: int = 0
+    duration_s: float = 0.0
+    """Least time the load runs (it also runs until every fault has fired and recovered)."""
+    concurrency: int = 4
+    prompts: int = 8
+    prompt_words: int = 220
+    max_tokens: int = 48
+    gap_s: tuple[float, float] = (4.0, 15.0)
+    stall_s: float = 6.0
+    tier_down_s: float = 20.0
+    replace_timeout_s: float = 420.0
+    request_timeout_s: float = 180.0
+    tail_s: float = 8.0
+    token_ids: bool = True
+    tier_down_whole_run: bool = False
+    first_kills: tuple[str, ...] = ("kill_decode", "kill_prefill")
+    """Faults forced to the front of the seeded order (the CI drill wants one of each early)."""
+
+    def plan(self) -> list[str]:
+        rng = random.Random(self.seed)
+        kinds = [("kill_decode" if i % 2 == 0 else "kill_prefill") for i in range(self.kills)]
+        kinds += [("stop_decode" if i % 2 == 0 else "stop_prefill") for i in range(self.stalls)]
+        kinds += ["drop"] * self.drops
+        if not self.tier_down_whole_run:
+            kinds += ["tier_down"] * self.tier_downs
+        rng.shuffle(kinds)
+        front = []
+        for k in self.first_kills:
+            if k in kinds:
+                kinds.remove(k)
+                front.append(k)
+        return front + kinds
+
+
+WORDS = (
+    "alpha", "bravo", "charlie", "delta", "echo", "foxtrot", "golf", "hotel", "india", "juliet", "kilo",
+    "lima", "mike", "november", "oscar", "papa", "quebec", "romeo", "sierra", "tango", "uniform", "victor",
+    "whiskey", "xray", "yankee", "zulu", "river", "stone", "cloud", "light", "paper", "window", "garden",
+    "silver", "market", "engine", "signal", "harbor", "planet", "forest", "winter", "summer", "orange",
+    "yellow",
+)
+
+
+def make_prompts(n: int, words: int, seed: int) -> list[str]:
+    rng = random.Random(seed * 7919 + 17)
+    return [f"Request {i}: " + " ".join(rng.choice(WORDS) for _ in range(words)) for i in range(n)]
+
+
+@dataclass
+class InFlight:
+    rec: RequestRecord
+    chunks: int = 0
+
+
+class LoadDriver:
+    def __init__(self, ep: Endpoint, cfg: DrillConfig, prompts: list[str]) -> None:
+        self.ep = ep
+        self.cfg = cfg
+        self.prompts = prompts
+        self.in_flight: dict[int, InFlight] = {}
+        self._seq = 0
+        self.records: list[RequestRecord] = []
+        self.stop = asyncio.Event()
+        self.client = httpx.AsyncClient(timeout=httpx.Timeout(cfg.request_timeout_s, connect=10.0), trust_env=False,
+                                        limits=httpx.Limits(max_connections=cfg.concurrency * 2 + 4))
+
+    def body(self, prompt: str) -> dict[str, Any]:
+        n = self.cfg.max_tokens
+        body: dict[str, Any] = {"model": self.ep.model, "prompt": prompt, "max_tokens": n, "min_tokens": n,
+                                "ignore_eos": True, "temperature": 0.0, "stream": True,
+                                "stream_options": {"include_usage": True}}
+        if self.cfg.token_ids:
+            body["logprobs"] = 1
+            body["return_tokens_as_token_ids"] = True
+        return body
+
+    async def send(self, prompt_idx: int) -> RequestRecord:
+        self._seq += 1
+        rec = RequestRecord(seq=self._seq, prompt=prompt_idx, expected_tokens=self.cfg.max_tokens)
+        fl = InFlight(rec)
+        self.in_flight[rec.seq] = fl
+        rec.t_send = time.monotonic()
+        try:
+            async with asyncio.timeout(self.cfg.request_timeout_s * 2):
+                await self._stream(fl)
+        except TimeoutError:
+            rec.ending = "timeout"
+        except httpx.TimeoutException as exc:
+            rec.ending = "timeout"
+            rec.transport_error = type(exc).__name__
+        except httpx.HTTPError as exc:
+            rec.ending = "no_response" if rec.http_status is None else "transport_error"
+            rec.transport_error = type(exc).__name__
+        finally:
+            rec.t_end = time.monotonic()
+            self.in_flight.pop(rec.seq, None)
+            self.records.append(rec)
+        return rec
+
+    async def _stream(self, fl: InFlight) -> None:
+        rec = fl.rec
+        headers = {"Authorization": f"Bearer {self.ep.api_key}"}
+        url = self.ep.gateway_url.rstrip("/") + "/v1/completions"
+        async with self.client.stream("POST", url, json=self.body(self.prompts[rec.prompt]), headers=headers) as resp:
+            rec.http_status = resp.status_code
+            rec.request_id = resp.headers.get("x-request-id")
+            if resp.status_code != 200:
+                rec.error_body = (await resp.aread()).decode("utf-8", "replace")[:4000]
+                return
+            decoder = codecs.getincrementaldecoder("utf-8")("replace")
+            buf = ""
+            async for raw in resp.aiter_raw():
+                events, buf = parse_sse(buf + decoder.decode(raw))
+                now = time.monotonic()
+                for ev in events:
+                    rec.events.append(ev)
+                    if _has_content(ev[1]):
+                        fl.chunks += 1
+                        rec.token_times.append(now)
+                if rec.cancel_after is not None and fl.chunks >= rec.cancel_after:
+                    rec.ending = "client_cancel"
+                    return  # leaving the block closes the connection mid-stream
+            events, _ = parse_sse(buf + decoder.decode(b"", final=True) + "\n\n")
+            rec.events.extend(events)
+
+    async def worker(self, wid: int) -> None:
+        rng = random.Random(self.cfg.seed * 1000 + wid)
+        while not self.stop.is_set():
+            await self.send(rng.randrange(len(self.prompts)))
+
+    async def close(self) -> None:
+        await self.client.aclose()
+
+
+def _has_content(data: str) -> bool:
+    if not data or data.startswith("[DONE]"):
+        return False
+    try:
+        obj = json.loads(data)
+    except ValueError:
+        return False
+    return any((c.get("text") or (c.get("delta") or {}).get("content")) for c in (obj.get("choices") or ())
+               if isinstance(c, dict))
+
+
+# -- baseline -----------------------------------------------------------------------------------------
+
+async def record_baseline(drv: LoadDriver, n: int, log: Log) -> tuple[list[Baseline | None], list[int]]:
+    """Each prompt alone, then all together; returns baselines and the indexes of unstable prompts."""
+    first = [await drv.send(i) for i in range(n)]
+    second = await asyncio.gather(*(drv.send(i) for i in range(n)))
+    baselines: list[Baseline | None] = []
+    unstable = []
+    for i, (a, b) in enumerate(zip(first, second, strict=True)):
+        sa, sb = read_stream(a.events), read_stream(b.events)
+        ok_a = a.http_status == 200 and sa.done and not sa.errors
+        if not ok_a:
+            raise RuntimeError(f"baseline request for prompt {i} failed (HTTP {a.http_status}, "
+                               f"{a.error_body or a.transport_error or sa.errors})")
+        text_a, text_b = "".join(sa.texts), "".join(sb.texts)
+        ids = sa.ids if (sa.ids and sa.ids_complete) else None
+        if len(sa.ids if ids else sa.texts) == 0:
+            raise RuntimeError(f"baseline for prompt {i} is empty")
+        if text_a != text_b or (ids is not None and sb.ids != ids):
+            unstable.append(i)
+        baselines.append(Baseline(text=text_a, token_ids=ids))
+    drv.records.clear()
+    with_ids = bool(baselines and baselines[0] and baselines[0].token_ids)
+    log(f"baseline: {n} prompts, {len(unstable)} unstable, token ids {'yes' if with_ids else 'no'}")
+    return baselines, unstable
+
+
+# -- faults -------------------------------------------------------------------------------------------
+
+class Injector:
+    def __init__(self, ep: Endpoint, cfg: DrillConfig, drv: LoadDriver, t0: float, log: Log) -> None:
+        self.ep = ep
+        self.cfg = cfg
+        self.drv = drv
+        self.t0 = t0
+        self.log = log
+        self.finder = ReplicaFinder(ep.app, ep.dashboard_url)
+        self.rng = random.Random(cfg.seed + 1)
+        self.faults: list[FaultRecord] = []
+        self.background: list[asyncio.Task[None]] = []
+        self.serve = None
+        if ep.dashboard_url:
+            from pathlib import Path
+
+            from baton.control.ray_client import RayServeClient, read_token
+
+            self.serve = RayServeClient(ep.dashboard_url, token=read_token(Path.home() / ".ray" / "auth_token"))
+
+    def _healthy(self, pool: Pool) -> bool:
+        """The pool has its full count of replicas and Serve calls the deployment healthy."""
+        reps = self.finder.pool(pool)
+        if len(reps) < self.ep.pools.get(pool, 1):
+            return False
+        if self.serve is not None:
+            try:
+                app = self.serve.status().apps.get(self.ep.app)
+            except Exception:
+                return False
+            if app is None:
+                return False
+            prefix = "Prefill:" if pool == "prefill" else "Decode:"
+            deps = {k: v for k, v in app.deployments.items() if k.startswith(prefix)}
+            return bool(deps) and all(v == "HEALTHY" for v in deps.values())
+        return True
+
+    async def wait_healthy(self, pool: Pool, timeout_s: float) -> bool:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if await asyncio.to_thread(self._healthy, pool):
+                return True
+            await asyncio.sleep(1)
+        return False
+
+    async def wait_streams(self, timeout_s: float = 60) -> int:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            n = sum(1 for f in self.drv.in_flight.values() if f.chunks > 0)
+            if n:
+                return n
+            await asyncio.sleep(0.05)
+        return 0
+
+    def _new(self, kind: str, target: str = "") -> FaultRecord:
+        now = time.monotonic()
+        f = FaultRecord(kind=kind, at_s=round(now - self.t0, 3), t_mono=now, target=target)
+        self.faults.append(f)
+        return f
+
+    async def run(self, plan: list[str], progress: Progress | None) -> None:
+        for i, kind in enumerate(plan):
+            await asyncio.sleep(self.rng.uniform(*self.cfg.gap_s))
+            pool: Pool | None = ("decode" if kind.endswith("decode") else
+                                 "prefill" if kind.endswith("prefill") else None)
+            if pool is not None and not await self.wait_healthy(pool, self.cfg.replace_timeout_s):
+                f = self._new(kind, pool)
+                f.evidence = f"the {pool} pool never came back to full strength; fault skipped"
+                self.log(f"fault {i + 1}/{len(plan)} {kind}: NOT FIRED ({f.evidence})")
+                continue
+            streams = await self.wait_streams()
+            try:
+                f = await self._fire(kind, pool)
+            except Exception as exc:  # a fault that could not be injected is reported, not fatal
+                f = self._new(kind)
+                f.evidence = f"injection failed: {type(exc).__name__}: {exc}"
+            f.streams_in_flight = streams
+            self.log(f"fault {i + 1}/{len(plan)} {kind} at {f.at_s:.1f}s: {'fired' if f.fired else 'NOT FIRED'} "
+                     f"({f.evidence})")
+            if progress:
+                progress("faults", i + 1, len(plan))
+        if self.background:
+            await asyncio.gather(*self.background)
+        pools: tuple[Pool, ...] = ("prefill", "decode")
+        for p in pools:  # every pool back at full strength before the load ends
+            await self.wait_healthy(p, self.cfg.replace_timeout_s)
+
+    async def _fire(self, kind: str, pool: Pool | None) -> FaultRecord:
+        if kind == "drop":
+            return self._drop()
+        if kind == "tier_down":
+            return await self._tier_down()
+        assert pool is not None
+        reps = await asyncio.to_thread(self.finder.pool, pool)
+        if not reps:
+            f = self._new(kind, pool)
+            f.evidence = f"no {pool} replica found"
+            return f
+        rep = self.rng.choice(reps)
+        if kind.startswith("kill"):
+            f = self._new(kind, f"{rep.deployment} pid {rep.pid}")
+            f.pids = list(rep.tree)
+            f.fired, f.evidence = await asyncio.to_thread(kill_replica, rep)
+            if f.fired:
+                self.background.append(asyncio.create_task(self._watch_replacement(f, rep)))
+            return f
+        f = self._new(kind, f"{rep.deployment} pid {rep.pid}")
+        f.fired, pids, f.evidence = await asyncio.to_thread(stop_replica, rep)
+        f.pids = list(pids)
+        self.background.append(asyncio.create_task(self._resume(f, pids, rep)))
+        return f
+
+    async def _resume(self, f: FaultRecord, pids: tuple[int, ...], rep: Replica) -> None:
+        await asyncio.sleep(self.cfg.stall_s)
+        f.evidence += "; " + continue_replica(pids)
+        pool: Pool = rep.pool
+        start = time.monotonic()
+        f.recovered = await self.wait_healthy(pool, self.cfg.replace_timeout_s)
+        f.recovery_s = round(time.monotonic() - f.t_mono, 2)
+        alive = {r.pid for r in self.finder.pool(pool)}
+        f.evidence += "; replica kept" if rep.pid in alive else "; replica replaced by Ray"
+        del start
+
+    async def _watch_replacement(self, f: FaultRecord, rep: Replica) -> None:
+        deadline = time.monotonic() + self.cfg.replace_timeout_s
+        while time.monotonic() < deadline:
+            reps = await asyncio.to_thread(self.finder.pool, rep.pool)
+            if (rep.pid not in {r.pid for r in reps} and len(reps) >= self.ep.pools.get(rep.pool, 1)
+                    and await asyncio.to_thread(self._healthy, rep.pool)):
+                f.recovered = True
+                f.recovery_s = round(time.monotonic() - f.t_mono, 2)
+                return
+            await asyncio.sleep(1)
+        f.recovered = False
+
+    def _drop(self) -> FaultRecord:
+        cands = [fl for fl in self.drv.in_flight.values()
+                 if fl.chunks > 0 and fl.rec.cancel_after is None and fl.chunks < self.cfg.max_tokens - 4]
+        f = self._new("drop")
+        if not cands:
+            f.evidence = "no stream in flight to drop"
+            return f
+        fl = self.rng.choice(cands)
+        fl.rec.cancel_after = fl.chunks + 1
+        f.target = f"request seq {fl.rec.seq}"
+        f.pids = [fl.rec.seq]
+        f.evidence = "pending (checked at the end)"
+        f.fired = True  # confirmed or refuted at the end from the request's ending
+        return f
+
+    async def _tier_down(self) -> FaultRecord:
+        tier = self.ep.redis_tier
+        f = self._new("tier_down", tier.url if tier else "")
+        if tier is None:
+            f.evidence = "no LMCache Redis tier owned by the harness"
+            return f
+        f.fired, f.evidence = await asyncio.to_thread(tier.down)
+
+        async def back_up() -> None:
+            await asyncio.sleep(self.cfg.tier_down_s)
+            await asyncio.to_thread(tier.start)
+            f.recovered = tier.up()
+            f.recovery_s = round(time.monotonic() - f.t_mono, 2)
+            f.evidence += "; restarted, answers PING" if f.recovered else "; restart failed"
+
+        if f.fired:
+            self.background.append(asyncio.create_task(back_up()))
+        return f
+
+    def close(self) -> None:
+        if self.serve is not None:
+            self.serve.close()
+
+
+# -- Postgres checks ----------------------------------------------------------------------------------
+
+def _rid(header: str | None) -> uuid.UUID | None:
+    if not header or not header.startswith("req-"):
+        return None
+    try:
+        return uuid.UUID(header[4:])
+    except ValueError:
+        return None
+
+
+def check_postgres(db: Any, expected: dict[uuid.UUID, tuple[str, int]], *, wait_s: float = 45.0) -> dict[str, Any]:
+    """One request record (with the client's final state) and one usage record per accepted request."""
+    from sqlalchemy import bindparam, text
+
+    ids = list(expected)
+    out: dict[str, Any] = {"checked": len(ids)}
+    if not ids:
+        return {**out, "usage_records_ok": True, "record_states_ok": True}
+    q_rec = text("SELECT id, status, completion_tokens, recovery_steps FROM request_records WHERE id IN :ids"
+                 ).bindparams(bindparam("ids", expanding=True))
+    q_use = text("SELECT request_id, count(*), max(completion_tokens) FROM usage_records WHERE request_id IN :ids "
+                 "GROUP BY request_id").bindparams(bindparam("ids", expanding=True))
+    deadline = time.monotonic() + wait_s
+    while True:
+        with db.system() as uow:
+            recs = {r[0]: r for r in uow.session.execute(q_rec, {"ids": ids})}
+            uses = {r[0]: r for r in uow.session.execute(q_use, {"ids": ids})}
+        if len(recs) == len(ids) or time.monotonic() > deadline:
+            break
+        time.sleep(1)
+    missing_records = [str(i) for i in ids if i not in recs]
+    state_mismatch = []
+    missing_usage = []
+    dup_usage = []
+    usage_tokens = []
+    steps: list[dict[str, Any]] = []
+    for rid, (state, expected_tokens) in expected.items():
+        row = recs.get(rid)
+        if row is not None:
+            status = str(getattr(row[1], "value", row[1]))
+            if status != state:
+                state_mismatch.append({"request_id": f"req-{rid.hex}", "client": state, "record": status})
+            for st in row[3] or ():
+                if isinstance(st, dict):
+                    steps.append(st)
+        u = uses.get(rid)
+        if u is None:
+            missing_usage.append(f"req-{rid.hex}")
+        else:
+            if u[1] != 1:
+                dup_usage.append(f"req-{rid.hex}")
+            if state == "completed" and u[2] != expected_tokens:
+                usage_tokens.append({"request_id": f"req-{rid.hex}", "usage": u[2], "expected": expected_tokens})
+    out.update({
+        "missing_request_records": len(missing_records), "record_state_mismatches": len(state_mismatch),
+        "missing_usage_records": len(missing_usage), "duplicate_usage_records": len(dup_usage),
+        "usage_token_mismatches": len(usage_tokens),
+        "examples": {"record_state": state_mismatch[:5], "missing_usage": missing_usage[:5],
+                     "usage_tokens": usage_tokens[:5], "missing_records": missing_records[:5]},
+    })
+    out["usage_records_ok"] = not (missing_usage or dup_usage or usage_tokens)
+    out["record_states_ok"] = not (missing_records or state_mismatch)
+    out["recovery_steps"] = _steps_summary(steps)
+    return out
+
+
+def _steps_summary(steps: list[dict[str, Any]]) -> dict[str, Any]:
+    by: dict[str, list[dict[str, Any]]] = {}
+    for st in steps:
+        by.setdefault(str(st.get("step")), []).append(st)
+    out: dict[str, Any] = {}
+    for name, items in sorted(by.items()):
+        durs = [float(s["duration_ms"]) for s in items if isinstance(s.get("duration_ms"), int | float)]
+        out[name] = {"count": len(items),
+                     "recovered": sum(1 for s in items if s.get("outcome") == "recovered"),
+                     "failed": sum(1 for s in items if s.get("outcome") == "failed"),
+                     "duration_ms_p50": round(statistics.median(durs), 1) if durs else None,
+                     "duration_ms_max": round(max(durs), 1) if durs else None}
+    return out
+
+
+# -- timings ------------------------------------------------------------------------------------------
+
+def fault_to_next_token(faults: list[FaultRecord], records: list[RequestRecord]) -> dict[str, Any]:
+    """Per fault kind: for streams in flight at the fault (a token before it, still open), the time from the
+    fault to their next token at the client; the worst stream per fault, then p50/max over faults."""
+    per_kind: dict[str, list[float]] = {}
+    stuck: Counter[str] = Counter()
+    for f in faults:
+        if not f.fired or f.kind in ("drop",):
+            continue
+        worst = None
+        for r in records:
+            if not r.token_times or r.token_times[0] >= f.t_mono or r.t_end <= f.t_mono:
+                continue
+            nxt = next((t for t in r.token_times if t > f.t_mono), None)
+            if nxt is None:
+                stuck[f.kind] += 1
+                continue
+            gap = (nxt - f.t_mono) * 1000
+            worst = gap if worst is None else max(worst, gap)
+        if worst is not None:
+            per_kind.setdefault(f.kind, []).append(worst)
+    out: dict[str, Any] = {}
+    for kind, xs in sorted(per_kind.items()):
+        out[kind] = {"faults": len(xs), "worst_stream_ms_p50": round(statistics.median(xs), 1),
+                     "worst_stream_ms_max": round(max(xs), 1)}
+    if stuck:
+        out["streams_without_a_token_after_the_fault"] = dict(stuck)
+    return out
+
+
+def _ttft_ms(records: list[RequestRecord]) -> float | None:
+    xs = [(r.token_times[0] - r.t_send) * 1000 for r in records if r.token_times]
+    return round(statistics.median(xs), 1) if xs else None
+
+
+# -- the drill ----------------------------------------------------------------------------------------
+
+def run_drill(ep: Endpoint, cfg: DrillConfig, *, log: Log = print, progress: Progress | None = None) -> dict[str, Any]:
+    return asyncio.run(_drill(ep, cfg, log, progress))
+
+
+async def _drill(ep: Endpoint, cfg: DrillConfig, log: Log, progress: Progress | None) -> dict[str, Any]:
+    prompts = make_prompts(cfg.prompts, cfg.prompt_words, cfg.seed)
+    drv = LoadDriver(ep, cfg, prompts)
+    tier_whole = None
+    try:
+        if cfg.tier_down_whole_run and ep.redis_tier is not None:
+            ok, ev = await asyncio.to_thread(ep.redis_tier.down)
+            tier_whole = {"fired": ok, "evidence": ev}
+            log(f"LMCache Redis tier down for the whole run: {ev}")
+        baselines, unstable = await record_baseline(drv, len(prompts), log)
+        stable = [i for i in range(len(prompts)) if i not in unstable]
+        if not stable:
+            raise RuntimeError("no prompt has a stable greedy baseline")
+        drv.prompts = [prompts[i] for i in stable]
+        base_for_load = [baselines[i] for i in stable]
+
+        plan = cfg.plan()
+        t0 = time.monotonic()
+        injector = Injector(ep, cfg, drv, t0, log)
+        workers = [asyncio.create_task(drv.worker(w)) for w in range(cfg.concurrency)]
+        log(f"load: {cfg.concurrency} streams, {cfg.max_tokens} tokens each; faults planned: {dict(Counter(plan))}")
+        ticker = asyncio.create_task(_tick(drv, t0, progress)) if progress else None
+        try:
+            await injector.run(plan, progress)
+            remaining = cfg.duration_s - (time.monotonic() - t0)
+            await asyncio.sleep(max(remaining, cfg.tail_s))
+        finally:
+            drv.stop.set()
+            await asyncio.gather(*workers, return_exceptions=True)
+            if ticker:
+                ticker.cancel()
+            injector.close()
+        load_s = time.monotonic() - t0
+
+        ledger = Ledger(base_for_load)
+        for r in drv.records:
+            ledger.add(r)
+        summary, verdicts = ledger.check()
+
+        # drops: confirmed only if the stream was really cut by the client before it finished
+        by_seq = {v.seq: v for v in verdicts}
+        for f in injector.faults:
+            if f.kind == "drop" and f.fired:
+                v = by_seq.get(f.pids[0]) if f.pids else None
+                f.fired = v is not None and v.state == "cancelled"
+                f.evidence = f"request ended {v.state if v else 'unknown'}"
+
+        db_checks: dict[str, Any] = {"skipped": "no database"}
+        if ep.db is not None:
+            expected = {}
+            for r, v in zip(drv.records, verdicts, strict=True):
+                rid = _rid(r.request_id)
+                if rid is not None and r.http_status == 200 and v.state in ("completed", "failed", "cancelled"):
+                    expected[rid] = (v.state, r.expected_tokens)
+            db_checks = await asyncio.to_thread(check_postgres, ep.db, expected)
+    finally:
+        await drv.close()
+        if tier_whole is not None and ep.redis_tier is not None:
+            ep.redis_tier.start()
+
+    fired = Counter(f.kind for f in injector.faults if f.fired)
+    not_fired = [f.to_dict() for f in injector.faults if not f.fired]
+    not_recovered = [f.to_dict() for f in injector.faults
+                     if f.fired and f.kind != "drop" and f.recovered is False]
+    result: dict[str, Any] = {
+        **{k: v for k, v in summary.to_dict().items() if k != "violations"},
+        "faults_planned": dict(Counter(plan)),
+        "faults_fired": dict(fired),
+        "kills_fired": fired["kill_decode"] + fired["kill_prefill"],
+        "faults_not_fired": len(not_fired),
+        "faults_not_recovered": len(not_recovered),
+        "usage_records_ok": bool(db_checks.get("usage_records_ok", False)),
+        "record_states_ok": bool(db_checks.get("record_states_ok", False)),
+        "postgres": db_checks,
+        "recovery": {
+            "fault_to_next_token": fault_to_next_token(injector.faults, drv.records),
+            "replacement_s": _replacement(injector.faults),
+            "fresh_ttft_ms_p50": _ttft_ms(drv.records),
+        },
+        "baseline": {"prompts": len(prompts), "unstable": len(unstable),
+                     "token_ids": bool(base_for_load and base_for_load[0] and base_for_load[0].token_ids)},
+        "load": {"seconds": round(load_s, 1), "concurrency": cfg.concurrency, "max_tokens": cfg.max_tokens,
+                 "requests_per_s": round(summary.sent / load_s, 3) if load_s else None},
+        "replica_discovery": injector.finder.method,
+        "faults": [f.to_dict() for f in injector.faults],
+        "violations": summary.violations,
+        "config": {k: v for k, v in asdict(cfg).items()},
+    }
+    if tier_whole is not None:
+        result["tier_down_whole_run"] = tier_whole
+    result["invariants"] = invariants(result, cfg)
+    result["ok"] = all(result["invariants"].values())
+    return result
+
+
+def _replacement(faults: list[FaultRecord]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for kind in ("kill_decode", "kill_prefill", "stop_decode", "stop_prefill", "tier_down"):
+        xs = [f.recovery_s for f in faults if f.kind == kind and f.recovery_s is not None]
+        if xs:
+            out[kind] = {"count": len(xs), "p50": round(statistics.median(xs), 1), "max": round(max(xs), 1)}
+    return out
+
+
+def invariants(r: dict[str, Any], cfg: DrillConfig) -> dict[str, bool]:
+    inv = {
+        "no_lost_requests": r["lost"] == 0,
+        "no_truncated_200s": r["truncated_200s"] == 0,
+        "one_final_state_each": r["multiple_finals"] == 0,
+        "no_duplicated_tokens": r["duplicated_tokens"] == 0,
+        "no_missing_tokens": r["missing_tokens"] == 0,
+        "no_wrong_tokens": r["mismatched_tokens"] == 0,
+        "greedy_text_equals_baseline": r["text_mismatches"] == 0,
+        "stream_usage_counts_each_token_once": r["stream_usage_mismatches"] == 0,
+        "one_usage_record_per_request": r["usage_records_ok"],
+        "request_records_match": r["record_states_ok"],
+        "every_fault_fired": r["faults_not_fired"] == 0,
+        "every_fault_recovered": r["faults_not_recovered"] == 0,
+    }
+    if cfg.tier_down_whole_run:
+        inv["tier_down_whole_run_no_errors"] = (r["failed"] == 0 and r["lost"] == 0
+                                                and bool(r.get("tier_down_whole_run", {}).get("fired")))
+    return inv
+
+
+async def _tick(drv: LoadDriver, t0: float, progress: Progress) -> None:
+    while True:
+        progress("requests", len(drv.records), math.nan)
+        await asyncio.sleep(1)
+
+
+__all__ = ["FAULT_KINDS", "DrillConfig", "field", "run_drill"]

@@ -1,0 +1,303 @@
+"""The system under test: a P/D deployment of the tiny model on its own Ray head, a Baton gateway in
+front of it (a ``baton gateway run`` subprocess on Postgres and Redis), a tenant with a key.
+
+Everything the harness starts runs in its own process group on its own free ports and is stopped
+afterwards: the Ray head (``ray start --head --block``; never ``ray stop``), the gateway, and a
+dedicated ``redis-server`` serving as LMCache's remote tier, so that taking that tier down never
+touches the main Redis.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from baton.bench.chaos.faults import RedisTier
+from baton.bench.procs import Proc, free_port
+
+DEPLOY_TIMEOUT_S = 900.0
+
+
+@dataclass
+class StackConfig:
+    state_dir: Path = Path("var/chaos")
+    model_dir: Path | None = None
+    """The tiny model (built under ``state_dir`` when unset)."""
+    model_name: str = "tiny-chaos"
+    app: str = ""
+    """Serve application name (default ``chaos-<random>``, unique so its process titles are too)."""
+    prefill: int = 2
+    decode: int = 2
+    kv_cache_gib: float = 0.25
+    max_num_seqs: int = 8
+    max_model_len: int = 2048
+    lmcache_chunk: int = 256
+    lmcache_cpu_gib: float = 0.25
+    redis_tier: bool = True
+    num_cpus: int = 8
+
+
+@dataclass
+class Endpoint:
+    """What the load driver and the fault injector need to know about a running stack."""
+
+    gateway_url: str
+    api_key: str
+    model: str
+    app: str
+    dashboard_url: str | None = None
+    tenant_id: uuid.UUID | None = None
+    redis_tier: RedisTier | None = None
+    db: Any = None
+    """A ``baton.core.db.Database`` for the Postgres checks (None: skipped)."""
+    pools: dict[str, int] = field(default_factory=dict)
+
+
+def _ray_bin() -> str:
+    path = Path(sys.executable).with_name("ray")
+    return str(path) if path.exists() else "ray"
+
+
+def _wait(what: str, check: Any, timeout_s: float, proc: Proc | None = None) -> None:
+    deadline = time.monotonic() + timeout_s
+    while True:
+        with contextlib.suppress(Exception):
+            if check():
+                return
+        if proc is not None and not proc.alive():
+            raise RuntimeError(f"{what}: {proc.name} exited; log {proc.log_path}:\n{proc.log_tail()}")
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{what}: not ready after {timeout_s:.0f} s")
+        time.sleep(1)
+
+
+def deployment_spec(cfg: StackConfig, model_dir: Path, redis_url: str | None, nixl_port_base: int,
+                    facts_redis_url: str) -> Any:
+    from baton.dataplane.spec import DeploymentSpec
+
+    lmcache: dict[str, Any] = {"chunk_size": cfg.lmcache_chunk, "local_cpu_gib": cfg.lmcache_cpu_gib}
+    if redis_url:
+        lmcache["redis_url"] = redis_url
+    return DeploymentSpec(
+        name=cfg.app,
+        model={"path": str(model_dir.resolve()), "served_name": cfg.model_name},
+        mode="pd",
+        prefill={"min": cfg.prefill, "max": cfg.prefill},
+        decode={"min": cfg.decode, "max": cfg.decode},
+        engine={"kv_cache_space_gib": cfg.kv_cache_gib, "max_num_seqs": cfg.max_num_seqs,
+                "max_model_len": cfg.max_model_len},
+        kv={"connector": "nixl", "nixl_port_base": nixl_port_base, "lmcache": lmcache},
+        route_prefix=f"/{cfg.app}",
+        env={"BATON_DATAPLANE_REDIS_URL": facts_redis_url},
+    )
+
+
+class ChaosStack:
+    """Context manager: brings the stack up, yields an :class:`Endpoint`, stops what it started."""
+
+    def __init__(self, cfg: StackConfig, settings: Any, db: Any, *, log: Any = print) -> None:
+        self.cfg = cfg
+        if not cfg.app:
+            cfg.app = f"chaos-{uuid.uuid4().hex[:6]}"
+        self.settings = settings
+        self.db = db
+        self.log = log
+        self.logs = Path(cfg.state_dir) / "logs"
+        self.head: Proc | None = None
+        self.gateway: Proc | None = None
+        self.tier: RedisTier | None = None
+        self.ray_temp: Path | None = None
+
+    # -- pieces ---------------------------------------------------------------------------------
+
+    def _model_dir(self) -> Path:
+        if self.cfg.model_dir is not None:
+            return Path(self.cfg.model_dir)
+        from baton.dataplane.tinymodel import build_tiny_model
+
+        folder = Path(self.cfg.state_dir) / "models" / "tiny-seed0"
+        if not (folder / "config.json").exists():
+            self.log(f"building the tiny model in {folder}")
+            build_tiny_model(folder, seed=0)
+        return folder
+
+    def _start_head(self) -> tuple[str, int]:
+        gcs, dash, serve = free_port(), free_port(), free_port()
+        self.ray_temp = Path(f"/tmp/baton-chaos-{gcs}")  # noqa: S108 - short: Ray puts sockets here
+        env = {"HF_HUB_OFFLINE": "1", "VLLM_HOST_IP": "127.0.0.1", "VLLM_NIXL_SIDE_CHANNEL_HOST": "127.0.0.1",
+               "UCX_NET_DEVICES": "lo", "RAY_USAGE_STATS_ENABLED": "0"}
+        cmd = [_ray_bin(), "start", "--head", "--block", "--node-ip-address", "127.0.0.1", "--port", str(gcs),
+               "--dashboard-host", "127.0.0.1", f"--dashboard-port={dash}", "--num-cpus", str(self.cfg.num_cpus),
+               f"--temp-dir={self.ray_temp}", "--disable-usage-stats",
+               f"--ray-client-server-port={free_port()}", f"--dashboard-agent-listen-port={free_port()}",
+               f"--metrics-export-port={free_port()}", f"--runtime-env-agent-port={free_port()}",
+               f"--node-manager-port={free_port()}", f"--object-manager-port={free_port()}"]
+        self.head = Proc("ray-head", cmd, env=env, log_path=self.logs / "ray-head.log").start()
+        url = f"http://127.0.0.1:{dash}"
+        _wait("Ray head", lambda: httpx.get(f"{url}/api/version", timeout=2).status_code < 500, 180, self.head)
+        return url, serve
+
+    def _deploy(self, dashboard_url: str, serve_port: int, model_dir: Path) -> str:
+        from baton.control.ray_client import RayServeClient, read_token
+        from baton.dataplane.render import render_serve_config
+
+        nixl = 30000 + (serve_port % 50) * 500
+        spec = deployment_spec(self.cfg, model_dir, self.tier.url if self.tier else None, nixl,
+                               self.settings.redis.url)
+        config = render_serve_config([spec], http_host="127.0.0.1", http_port=serve_port)
+        client = RayServeClient(dashboard_url, token=read_token(Path.home() / ".ray" / "auth_token"), timeout_s=60)
+        try:
+            client.apply(config)
+            deadline = time.monotonic() + DEPLOY_TIMEOUT_S
+            while True:
+                app = client.status().apps.get(self.cfg.app)
+                if app is not None and app.status == "RUNNING":
+                    break
+                if app is not None and app.status == "DEPLOY_FAILED":
+                    raise RuntimeError(f"deploying {self.cfg.app} failed: {app.message[:2000]}")
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"{self.cfg.app} not running after {DEPLOY_TIMEOUT_S:.0f} s: {app}")
+                time.sleep(3)
+        finally:
+            client.close()
+        return f"http://127.0.0.1:{serve_port}/{self.cfg.app}/v1"
+
+    def _catalogue(self, model_dir: Path) -> tuple[uuid.UUID, str]:
+        from baton.control.keys import KeyService
+        from baton.core import models as m
+
+        db = self.db
+        with db.system() as uow:
+            if uow.models.by_name(self.cfg.model_name) is None:
+                uow.models.add(m.Model(name=self.cfg.model_name, source=str(model_dir.resolve()),
+                                       context_length=self.cfg.max_model_len, num_layers=2, num_kv_heads=2,
+                                       head_dim=32, dtype="float32"))
+            name = f"chaos-{uuid.uuid4().hex[:10]}"
+            t = uow.tenants.add(m.Tenant(name=name, display_name=name))
+            model = uow.models.by_name(self.cfg.model_name)
+            assert model is not None
+            uow.tenant_models.grant(t.id, model.id)
+            uow.commit()
+            tenant_id = t.id
+        issued = KeyService(db, self.settings).issue(tenant_id=tenant_id, name="chaos", created_by="baton-chaos")
+        return tenant_id, issued.secret
+
+    def _start_gateway(self, upstream: str) -> str:
+        s = self.settings
+        port = free_port()
+        env = {
+            "BATON_ENV": s.env,
+            "BATON_DB__URL": s.db.url,
+            "BATON_DB__APP_ROLE": s.db.app_role,
+            "BATON_DB__APP_URL": s.db.service_url(),
+            "BATON_REDIS__URL": s.redis.url,
+            "BATON_SECURITY__KEY_SECRET": s.security.key_secret.get_secret_value(),
+            "BATON_GATEWAY__UPSTREAMS": json.dumps({self.cfg.model_name: upstream}),
+        }
+        if self.tier is not None:
+            env["BATON_REDIS__LMCACHE_URL"] = self.tier.url
+        self.gateway = Proc("gateway", [sys.executable, "-m", "baton.cli.main", "gateway", "run", "--port", str(port)],
+                            env=env, log_path=self.logs / "gateway.log").start()
+        url = f"http://127.0.0.1:{port}"
+        _wait("gateway", lambda: httpx.get(f"{url}/healthz", timeout=2).status_code == 200, 90, self.gateway)
+        return url
+
+    # -- lifecycle ------------------------------------------------------------------------------
+
+    def __enter__(self) -> Endpoint:
+        try:
+            model_dir = self._model_dir()
+            if self.cfg.redis_tier:
+                self.tier = RedisTier(free_port(), self.logs / "redis-tier.log")
+                self.tier.start()
+                self.log(f"LMCache Redis tier: {self.tier.url}")
+            dashboard, serve_port = self._start_head()
+            self.log(f"Ray head: dashboard {dashboard}; deploying {self.cfg.app} "
+                     f"({self.cfg.prefill} prefill + {self.cfg.decode} decode)")
+            upstream = self._deploy(dashboard, serve_port, model_dir)
+            tenant_id, secret = self._catalogue(model_dir)
+            gateway = self._start_gateway(upstream)
+            self.log(f"gateway {gateway} -> {upstream}")
+        except BaseException:
+            self.close()
+            raise
+        return Endpoint(gateway_url=gateway, api_key=secret, model=self.cfg.model_name, app=self.cfg.app,
+                        dashboard_url=dashboard, tenant_id=tenant_id, redis_tier=self.tier, db=self.db,
+                        pools={"prefill": self.cfg.prefill, "decode": self.cfg.decode})
+
+    def close(self) -> None:
+        if self.gateway is not None:
+            self.gateway.stop()
+        if self.head is not None and self.head.popen is not None:
+            # the whole head's process group: raylet, GCS, dashboard, every worker and engine
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.head.pid, signal.SIGTERM)
+            try:
+                self.head.popen.wait(60)
+            except subprocess.TimeoutExpired:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(self.head.pid, signal.SIGKILL)
+                self.head.popen.wait(10)
+            _kill_leftovers(self.cfg.app)
+        if self.tier is not None:
+            self.tier.stop()
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def _kill_leftovers(app: str) -> None:
+    """Replica and engine processes of this app that outlived the head (they run in other sessions)."""
+    import psutil
+
+    from baton.bench.chaos.faults import replicas_from_titles
+
+    for rep in replicas_from_titles(app):
+        for pid in rep.tree:
+            with contextlib.suppress(psutil.Error):
+                psutil.Process(pid).kill()
+
+
+@contextlib.contextmanager
+def fresh_database(settings: Any, *, keep: bool = False, log: Any = print) -> Any:
+    """A new Postgres database on the configured server, migrated to head; yields settings pointing at it
+    and drops it afterwards (unless ``keep``)."""
+    from alembic import command
+    from alembic.config import Config
+    from sqlalchemy import create_engine, text
+    from sqlalchemy.engine import make_url
+
+    root = Path(__file__).resolve().parents[2]
+    owner = make_url(settings.db.url)
+    name = f"baton_chaos_{uuid.uuid4().hex[:8]}"
+    admin = create_engine(owner.set(database="postgres"), isolation_level="AUTOCOMMIT")
+    with admin.connect() as conn:
+        conn.execute(text(f'CREATE DATABASE "{name}"'))
+    url = owner.set(database=name).render_as_string(hide_password=False)
+    app_url = make_url(settings.db.service_url()).set(database=name).render_as_string(hide_password=False)
+    try:
+        cfg = Config(str(root / "alembic.ini"))
+        cfg.set_main_option("script_location", str(root / "migrations"))
+        cfg.attributes["url"] = url
+        cfg.attributes["app_role"] = settings.db.app_role
+        command.upgrade(cfg, "head")
+        log(f"database {name} (migrated)")
+        yield settings.model_copy(update={"db": settings.db.model_copy(update={"url": url, "app_url": app_url})})
+    finally:
+        if not keep:
+            with admin.connect() as conn:
+                conn.execute(text("SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                                  "WHERE datname = :d AND pid <> pg_backend_pid()"), {"d": name})
+                conn.execute(text(f'DROP DATABASE IF EXISTS "{name}"'))
+        admin.dispose()
