@@ -85,9 +85,9 @@ def test_two_final_states_are_detected():
     events = stream(BASE_IDS, done=False) + stream([], error=True, finish=False)
     v = judge(rec(events), BASE)
     assert v.finals == 2
-    events = stream(BASE_IDS, done=False) + [(None, chunk("g", 17, "length"))] + [(None, "[DONE]")]
+    events = [*stream(BASE_IDS, done=False), (None, chunk("g", 17, "length")), (None, "[DONE]")]
     assert judge(rec(events), BASE).finals > 1
-    events = stream(BASE_IDS) + [(None, chunk("g", 17))]
+    events = [*stream(BASE_IDS), (None, chunk("g", 17))]
     assert judge(rec(events), BASE).finals > 1
 
 
@@ -157,3 +157,23 @@ def test_parse_sse_keeps_event_names_and_the_unfinished_rest():
 ])
 def test_align(expected, received, partial, out):
     assert align(expected, received, partial=partial) == out
+
+
+def test_the_chaos_cli_is_mounted():
+    from typer.testing import CliRunner
+
+    from baton.cli.main import app
+
+    out = CliRunner().invoke(app, ["chaos", "run", "--help"])
+    assert out.exit_code == 0 and "--kills" in out.output
+
+
+def test_the_fault_plan_is_seeded_and_puts_the_forced_kills_first():
+    from baton.bench.chaos.drill import DrillConfig
+
+    cfg = DrillConfig(kills=6, stalls=2, drops=2, tier_downs=1, seed=3)
+    plan = cfg.plan()
+    assert plan == DrillConfig(kills=6, stalls=2, drops=2, tier_downs=1, seed=3).plan()
+    assert plan[:2] == ["kill_decode", "kill_prefill"]
+    assert sorted(plan) == sorted(["kill_decode"] * 3 + ["kill_prefill"] * 3 + ["stop_decode", "stop_prefill"]
+                                  + ["drop"] * 2 + ["tier_down"])

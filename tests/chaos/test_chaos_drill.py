@@ -1,0 +1,72 @@
+"""Chaos drills on the real stack: a P/D deployment of the tiny model (1 prefill + 2 decode replicas,
+LMCache tiers with a dedicated Redis as the remote tier) on its own Ray head, behind a real Baton gateway
+on Postgres and Redis. The harness and its ledger are :mod:`baton.bench.chaos`.
+
+Run by hand under the machine-wide lock:
+
+    flock /tmp/baton-heavy.lock .venv/bin/python -m pytest -m chaos tests/chaos -s
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+
+import pytest
+
+pytestmark = pytest.mark.chaos
+
+
+@pytest.fixture(scope="module")
+def endpoint(settings, db, tmp_path_factory: pytest.TempPathFactory) -> Iterator:  # type: ignore[no-untyped-def]
+    pytest.importorskip("ray")
+    pytest.importorskip("vllm")
+    from baton.bench.chaos.stack import ChaosStack, StackConfig
+
+    cfg = StackConfig(state_dir=tmp_path_factory.mktemp("chaos"), prefill=1, decode=2)
+    with ChaosStack(cfg, settings, db) as ep:
+        yield ep
+
+
+def _show(result: dict) -> None:
+    print(json.dumps({k: v for k, v in result.items() if k not in ("config", "faults")}, indent=1, default=str))
+    for f in result["faults"]:
+        print("fault", json.dumps(f, default=str))
+
+
+def test_redis_tier_down_for_the_whole_run_costs_no_request(endpoint) -> None:
+    from baton.bench.chaos.drill import DrillConfig, run_drill
+
+    cfg = DrillConfig(kills=0, stalls=0, tier_downs=0, drops=0, duration_s=20, tier_down_whole_run=True,
+                      prompts=4, concurrency=3, max_tokens=32, seed=1)
+    result = run_drill(endpoint, cfg)
+    _show(result)
+    assert result["tier_down_whole_run"]["fired"]
+    assert result["sent"] > 0
+    assert result["failed"] == 0 and result["lost"] == 0 and result["truncated_200s"] == 0
+    assert result["completed"] == result["sent"]
+    assert result["text_mismatches"] == 0
+    assert result["usage_records_ok"]
+
+
+def test_decode_and_prefill_kills_lose_no_request_and_no_token(endpoint) -> None:
+    from baton.bench.chaos.drill import DrillConfig, run_drill
+
+    cfg = DrillConfig(kills=2, stalls=0, tier_downs=0, drops=1, prompts=4, concurrency=3, max_tokens=48,
+                      gap_s=(2.0, 5.0), seed=2, first_kills=("kill_decode", "kill_prefill"))
+    result = run_drill(endpoint, cfg)
+    _show(result)
+    # every fault really happened: the decode kill with streams in flight (mid-stream)
+    assert result["faults_fired"].get("kill_decode") == 1 and result["faults_fired"].get("kill_prefill") == 1
+    assert result["faults_not_fired"] == 0 and result["faults_not_recovered"] == 0
+    decode_kill = next(f for f in result["faults"] if f["kind"] == "kill_decode")
+    assert decode_kill["streams_in_flight"] > 0
+    # the ledger's invariants
+    assert result["lost"] == 0
+    assert result["truncated_200s"] == 0
+    assert result["multiple_finals"] == 0
+    assert result["duplicated_tokens"] == 0 and result["missing_tokens"] == 0 and result["mismatched_tokens"] == 0
+    assert result["text_mismatches"] == 0
+    assert result["usage_records_ok"] and result["record_states_ok"]
+    assert result["ok"], result["invariants"]
+
