@@ -124,12 +124,11 @@ class LoadDriver:
 
     def body(self, prompt: str) -> dict[str, Any]:
         n = self.cfg.max_tokens
-        body: dict[str, Any] = {"model": self.ep.model, "prompt": prompt, "max_tokens": n, "min_tokens": n,
-                                "ignore_eos": True, "temperature": 0.0, "stream": True,
-                                "stream_options": {"include_usage": True}}
+        body: dict[str, Any] = {"model": self.ep.model, "prompt": prompt, "max_tokens": n, "ignore_eos": True,
+                                "temperature": 0.0, "stream": True, "stream_options": {"include_usage": True}}
         if self.cfg.token_ids:
-            body["logprobs"] = 1
-            body["return_tokens_as_token_ids"] = True
+            # vLLM's per-chunk token ids (not logprobs: a request with logprobs is not resumable)
+            body["return_token_ids"] = True
         return body
 
     async def send(self, prompt_idx: int) -> RequestRecord:

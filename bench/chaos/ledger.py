@@ -21,7 +21,7 @@ Violations:
 - token positions: the tokens received are aligned with the baseline's (greedy decoding: a completed
   stream must equal it; a failed or cancelled one must be a prefix of it). Extra tokens are
   ``duplicated``, absent ones ``missing``, different ones ``mismatched``. With token ids in the stream
-  (``logprobs`` + ``return_tokens_as_token_ids``) the unit is the token; otherwise the character.
+  (vLLM's ``return_token_ids``) the unit is the token; otherwise the character.
 """
 
 from __future__ import annotations
@@ -185,8 +185,11 @@ def read_stream(events: Iterable[tuple[str | None, str]]) -> _Stream:
 
 
 def _token_ids(choice: dict[str, Any]) -> list[int] | None:
-    """Token ids of a chunk from ``logprobs`` with ``return_tokens_as_token_ids`` (completions: ``tokens``;
-    chat: ``content[].token``); None when the chunk carries none."""
+    """Token ids of a chunk: vLLM's ``return_token_ids`` (``token_ids`` on the choice), else ``logprobs`` with
+    ``return_tokens_as_token_ids`` (completions: ``tokens``; chat: ``content[].token``); None when none."""
+    direct = choice.get("token_ids")
+    if isinstance(direct, list) and all(isinstance(t, int) for t in direct):
+        return list(direct)
     lp = choice.get("logprobs")
     if not isinstance(lp, dict):
         return None

@@ -115,6 +115,16 @@ def test_http_errors_must_be_readable():
     assert judge(rec(stream(BASE_IDS[:2], done=False, finish=False), ending="timeout"), BASE).state == "lost"
 
 
+def test_token_ids_from_return_token_ids():
+    events = [(None, json.dumps({"choices": [{"index": 0, "text": p, "token_ids": [t],
+                                              "finish_reason": "length" if t == 16 else None}]}))
+              for p, t in zip(PIECES, BASE_IDS, strict=True)] + [(None, "[DONE]")]
+    v = judge(rec(events), BASE)
+    assert v.state == "completed" and v.token_unit == "token" and v.received == 6 and v.text_ok
+    events.insert(3, events[2])
+    assert judge(rec(events), BASE).duplicated == 1
+
+
 def test_without_token_ids_the_text_is_aligned_by_character():
     v = judge(rec(stream(BASE_IDS, ids_in_stream=False)), BASE)
     assert v.token_unit == "char" and v.text_ok and v.duplicated == 0
