@@ -196,8 +196,8 @@ def _has_content(data: str) -> bool:
         obj = json.loads(data)
     except ValueError:
         return False
-    return any((c.get("text") or (c.get("delta") or {}).get("content")) for c in (obj.get("choices") or ())
-               if isinstance(c, dict))
+    return any((c.get("text") or c.get("token_ids") or (c.get("delta") or {}).get("content"))
+               for c in (obj.get("choices") or ()) if isinstance(c, dict))
 
 
 # -- baseline -----------------------------------------------------------------------------------------
