@@ -78,24 +78,27 @@ def replicas_from_state_api(app: str, dashboard_url: str) -> list[Replica]:
 
 
 def replicas_from_titles(app: str) -> list[Replica]:
-    """The same, from process titles (``ray::ServeReplica:<app>:<deployment>``)."""
+    """The same, from process titles: Ray names an actor's worker process after the actor, e.g.
+    ``ray::SERVE_REPLICA::<app>#<deployment>#<id>:ServeReplica:<app>:<deployment>.<method>``."""
+    import re
+
     import psutil
 
     out = []
-    prefix = f"ray::ServeReplica:{app}:"
+    marker = f"ServeReplica:{app}:"
     for p in psutil.process_iter(["pid", "cmdline", "status"]):
         try:
             cmd = p.info["cmdline"] or []
             title = cmd[0] if cmd else ""
-            if not title.startswith(prefix) or p.info["status"] == psutil.STATUS_ZOMBIE:
+            if not title.startswith("ray::") or marker not in title or p.info["status"] == psutil.STATUS_ZOMBIE:
                 continue
-            deployment = title[len(prefix):].split()[0]
-            # a running task appends ".method" to the title: keep the deployment name only
-            for pool, pre in POOL_PREFIX.items():
-                if deployment.startswith(pre):
-                    name = deployment.split(".", 1)[0] if "." in deployment else deployment
-                    out.append(Replica(pool, name, p.info["pid"], "", _children(p.info["pid"])))
-                    break
+            deployment = title.split(marker, 1)[1].split()[0]
+            head, _, tail = deployment.rpartition(".")
+            if head and re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", tail):
+                deployment = head  # the method the actor is running
+            pool = _pool_of(deployment)
+            if pool is not None:
+                out.append(Replica(pool, deployment, p.info["pid"], "", _children(p.info["pid"])))
         except (psutil.Error, IndexError):
             continue
     return out
