@@ -71,6 +71,8 @@ class DrillConfig:
     tail_s: float = 8.0
     token_ids: bool = True
     tier_down_whole_run: bool = False
+    extra_body: dict[str, Any] = field(default_factory=dict)
+    """Merged into every request body."""
     first_kills: tuple[str, ...] = ("kill_decode", "kill_prefill")
     """Faults forced to the front of the seeded order (the CI drill wants one of each early)."""
 
@@ -129,6 +131,7 @@ class LoadDriver:
         if self.cfg.token_ids:
             # vLLM's per-chunk token ids (not logprobs: a request with logprobs is not resumable)
             body["return_token_ids"] = True
+        body.update(self.cfg.extra_body)
         return body
 
     async def send(self, prompt_idx: int) -> RequestRecord:
@@ -313,7 +316,8 @@ class Injector:
             await asyncio.gather(*self.background)
         pools: tuple[Pool, ...] = ("prefill", "decode")
         for p in pools:  # every pool back at full strength before the load ends
-            await self.wait_healthy(p, self.cfg.replace_timeout_s)
+            if self.ep.pools.get(p):
+                await self.wait_healthy(p, self.cfg.replace_timeout_s)
 
     async def _fire(self, kind: str, pool: Pool | None) -> FaultRecord:
         if kind == "drop":
@@ -657,4 +661,4 @@ async def _tick(drv: LoadDriver, t0: float, progress: Progress) -> None:
         await asyncio.sleep(1)
 
 
-__all__ = ["FAULT_KINDS", "DrillConfig", "field", "run_drill"]
+__all__ = ["FAULT_KINDS", "DrillConfig", "run_drill"]
