@@ -56,6 +56,20 @@ class Outcome:
     start_pc: float = 0.0
     end_pc: float = 0.0
     gaps: list[float] = field(default_factory=list)  # seconds between token-bearing chunks
+    span: Any = None  # the request's gateway.request span while it runs (None: tracing off)
+    span_id: str | None = None  # that span's id (hex): parent of spans added after the request ended
+    kv_bytes: int | None = None  # P/D handoff, from the data plane's facts
+    handoff_ms: float | None = None
+    facts_merged: bool = False  # data-plane facts read (api/gateway/facts.py)
+    recovery_steps: list[dict[str, Any]] = field(default_factory=list)  # recovery ladder steps taken
+
+    def step(self, name: str, started_pc: float, outcome: str, detail: str) -> None:
+        """Records one recovery step (``prefill_retry``, ``local_prefill``, ``decode_resume``, ...)."""
+        now = time.perf_counter()
+        self.recovery_steps.append({
+            "step": name, "at_ms": round((started_pc - self.start_pc) * 1000, 3),
+            "duration_ms": round((now - started_pc) * 1000, 3), "outcome": outcome, "detail": detail[:200],
+        })
 
     def rows(self) -> tuple[dict[str, Any] | None, dict[str, Any]]:
         e2e_ms = max((self.end_pc - self.start_pc) * 1000, 0.0)
@@ -75,7 +89,8 @@ class Outcome:
             "status": self.status, "http_status": self.http_status, "error_code": self.error_code,
             "prompt_tokens": self.prompt_tokens, "completion_tokens": self.completion_tokens,
             "ttft_ms": ttft_ms, "tpot_ms": tpot_ms, "itl_p50_ms": p50, "itl_p99_ms": p99, "e2e_ms": e2e_ms,
-            "trace_id": self.trace_id, "started_at": started,
+            "trace_id": self.trace_id, "started_at": started, "kv_bytes": self.kv_bytes,
+            "handoff_ms": self.handoff_ms, "recovery_steps": list(self.recovery_steps),
             "finished_at": started + dt.timedelta(milliseconds=e2e_ms),
         }
         usage = None
@@ -113,8 +128,12 @@ class UsageMeter:
         flush_interval: float = 0.2,
         max_buffer: int = 100_000,
         max_backoff: float = 5.0,
+        enrich: Any = None,
     ) -> None:
+        """``enrich``: ``async (outcomes) -> None`` run on each batch before it is written (data-plane
+        facts); its failures only cost what it would have added."""
         self._db = db
+        self._enrich = enrich
         self._batch = batch_size
         self._interval = flush_interval
         self._max = max_buffer
@@ -161,6 +180,11 @@ class UsageMeter:
         if not self._buffer:
             return True
         batch = [self._buffer[i] for i in range(min(self._batch, len(self._buffer)))]
+        if self._enrich is not None:
+            try:
+                await self._enrich(batch)
+            except Exception as exc:
+                log.debug("request facts not merged (%s)", type(exc).__name__)
         try:
             written = await asyncio.to_thread(write_outcomes, self._db, batch)
         except errors.BatonError as exc:

@@ -86,6 +86,14 @@ class GatewaySettings(BaseModel):
     default_completion_budget: int = Field(
         1024, ge=1, description="Tokens reserved against TPM for a request without max_tokens."
     )
+    resume: bool = Field(
+        True, description="Resume a stream whose upstream broke (prompt + tokens sent) and retry failed calls."
+    )
+    resume_budget_s: float = Field(
+        30.0, gt=0, description="Total time one request may spend retrying/resuming before it fails."
+    )
+    resume_attempts: int = Field(6, ge=0, description="Retries/resumes per request at most.")
+    resume_backoff_s: float = Field(0.1, gt=0, description="First wait between attempts (doubles, max 2 s).")
 
 
 class SecuritySettings(BaseModel):

@@ -1,0 +1,390 @@
+"""Decode-failure recovery in the gateway: retry before the first token, resume after it.
+
+Engine-agnostic (aggregated and P/D alike). A resumable streaming request is sent with vLLM's
+``return_token_ids``: the first chunk then carries the prompt's token ids (chat: top level;
+completions: on the choice) and every chunk the ids of the tokens it carries. :class:`ResumingRelay`
+keeps both, strips them from what the client sees (unless the client asked for them) and, when the
+upstream stream breaks (connection error, an SSE ``error`` event, an ``{"error": ...}`` chunk, or an
+end without ``finish_reason``), resubmits to the same deployment as ``/completions`` with
+``prompt = prompt ids + ids already sent``, the same sampling settings, ``max_tokens`` reduced by what
+was sent and the same ``cache_salt`` (an LMCache tier that still holds the prefix KV saves the
+re-prefill). The continuation is re-framed in the client's original format (same id, created and
+model), so the client's stream simply goes on: no repeated, missing or reordered tokens; usage counts
+the original prompt and each completion token once.
+
+Attempts are bounded by :class:`ResumePolicy` (count and total time, exponential backoff while Ray
+replaces a dead replica). Where the ladder runs out the client gets an SSE ``error`` event and the
+request record keeps the steps taken (``Outcome.recovery_steps``) and why it failed.
+
+Not resumed (a break after the first token ends with the SSE error as before): ``n > 1``, several
+prompts, logprobs, echo, and constrained output (tools, ``response_format``, structured outputs),
+whose state a plain token continuation cannot carry.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import httpx
+import orjson
+from starlette.types import Send
+
+from baton.api.gateway.metering import Outcome
+from baton.api.gateway.proxy import SSERelay, read_usage
+from baton.core import errors
+
+#: Upstream statuses worth another attempt (the replica died, Ray is replacing it, a timeout).
+RETRY_STATUSES = frozenset({500, 502, 503, 504})
+
+#: Request fields whose state a token continuation cannot carry.
+NOT_RESUMABLE = ("tools", "functions", "response_format", "structured_outputs", "guided_json", "guided_regex",
+                 "guided_choice", "guided_grammar", "logprobs", "top_logprobs", "echo", "best_of",
+                 "prompt_logprobs", "suffix")
+
+#: Sampling (and server) fields a continuation keeps from the original request.
+CARRIED = ("temperature", "top_p", "top_k", "min_p", "seed", "stop", "stop_token_ids", "presence_penalty",
+           "frequency_penalty", "repetition_penalty", "length_penalty", "logit_bias", "ignore_eos",
+           "include_stop_str_in_output", "skip_special_tokens", "spaces_between_special_tokens", "bad_words",
+           "allowed_token_ids", "user", "cache_salt", "kv_transfer_params", "priority", "vllm_xargs")
+
+STEP = "decode_resume"
+
+
+class StreamBrokenError(errors.UpstreamError):
+    code = "upstream_stream_broken"
+    title = "The model's stream broke and could not be resumed. Try again."
+
+
+@dataclass(frozen=True, slots=True)
+class ResumePolicy:
+    attempts: int = 6
+    budget_s: float = 30.0
+    backoff_s: float = 0.1
+    backoff_max_s: float = 2.0
+
+    def delay(self, retry: int) -> float:
+        """Wait before retry number ``retry`` (1-based): none for the first, then doubling."""
+        return 0.0 if retry <= 1 else min(self.backoff_s * 2 ** (retry - 2), self.backoff_max_s)
+
+
+def resumable(endpoint: str, payload: dict[str, Any]) -> bool:
+    """Whether a streaming request can be continued from its token ids after a break."""
+    if (payload.get("n") or 1) != 1:
+        return False
+    if any(payload.get(name) not in (None, False) for name in NOT_RESUMABLE):
+        return False
+    if endpoint == "completions":
+        prompt = payload.get("prompt")
+        single_ids = isinstance(prompt, list) and bool(prompt) and all(isinstance(t, int) for t in prompt)
+        return isinstance(prompt, str) or single_ids
+    return endpoint == "chat/completions"
+
+
+def completion_limit(endpoint: str, payload: dict[str, Any]) -> int | None:
+    """The completion-token limit of the original request (vLLM's completions default: 16)."""
+    if endpoint == "chat/completions":
+        value = payload.get("max_completion_tokens") or payload.get("max_tokens")
+    else:
+        value = payload.get("max_tokens", 16)
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def continuation_body(endpoint: str, payload: dict[str, Any], prompt_ids: list[int],
+                      sent_ids: list[int]) -> dict[str, Any] | None:
+    """The ``/completions`` body that continues after ``sent_ids``; None when nothing is left to generate."""
+    body: dict[str, Any] = {k: payload[k] for k in CARRIED if k in payload}
+    body.update(model=payload["model"], prompt=[*prompt_ids, *sent_ids], stream=True,
+                stream_options={"include_usage": True}, return_token_ids=True)
+    limit = completion_limit(endpoint, payload)
+    if limit is not None:
+        if limit - len(sent_ids) <= 0:
+            return None
+        body["max_tokens"] = limit - len(sent_ids)
+    min_tokens = payload.get("min_tokens")
+    if isinstance(min_tokens, int) and not isinstance(min_tokens, bool):
+        body["min_tokens"] = max(min_tokens - len(sent_ids), 0)
+    return body
+
+
+Opener = Callable[[str, bytes], Awaitable[httpx.Response]]
+
+
+async def open_with_retry(opener: Opener, endpoint: str, body: bytes, *, policy: ResumePolicy,
+                          deadline: float, tries: list[int]) -> tuple[httpx.Response | None, str]:
+    """Opens an upstream stream, retrying transport errors and 5xx within the request's budget.
+
+    ``tries`` is the request's shared attempt counter (one element). Returns (response, "") or
+    (None, why); a 4xx answer is final at once (the request itself is refused)."""
+    why = "no attempt left"
+    while tries[0] < policy.attempts:
+        now = time.monotonic()
+        if now >= deadline:
+            return None, f"{why}; time budget spent"
+        tries[0] += 1
+        wait = min(policy.delay(tries[0]), deadline - now)
+        if wait > 0:
+            await asyncio.sleep(wait)
+        try:
+            response = await opener(endpoint, body)
+        except httpx.HTTPError as exc:
+            why = f"upstream {type(exc).__name__}"
+            continue
+        if response.status_code == 200:
+            return response, ""
+        await response.aclose()
+        why = f"upstream status {response.status_code}"
+        if response.status_code not in RETRY_STATUSES:
+            return None, why
+    return None, f"{why}; {policy.attempts} attempts used"
+
+
+@dataclass(slots=True)
+class _Stream:
+    """What the client has been sent so far."""
+
+    prompt_ids: list[int] | None = None
+    sent: list[int] = field(default_factory=list)
+    started: bool = False  # any event reached the client
+    ids_ok: bool = True  # every token-bearing chunk carried its ids
+    resumed: bool = False  # the relay reads a continuation now
+    finished: bool = False  # the choice's finish_reason reached the client
+    done: bool = False  # [DONE] seen on the current upstream stream
+    usage: dict[str, Any] | None = None
+    usage_event: dict[str, Any] | None = None
+    id: str | None = None
+    created: int | None = None
+    model: str | None = None
+
+
+def _data(ev: bytes) -> bytes | None:
+    for line in ev.split(b"\n"):
+        if line.startswith(b"data:"):
+            return line[5:].strip()
+    return None
+
+
+class ResumingRelay(SSERelay):
+    """:class:`SSERelay` that resumes a broken stream instead of failing it (see the module doc)."""
+
+    def __init__(self, response: httpx.Response, outcome: Outcome, *, strip_usage: bool,
+                 headers: list[tuple[bytes, bytes]], done: Callable[[Outcome], None], opener: Opener,
+                 endpoint: str, payload: dict[str, Any], original_body: bytes, client_ids: bool,
+                 policy: ResumePolicy, deadline: float, tries: list[int]) -> None:
+        super().__init__(response, outcome, strip_usage=strip_usage, headers=headers, done=done)
+        self._opener = opener
+        self._endpoint = endpoint
+        self._payload = payload
+        self._original = original_body
+        self._client_ids = client_ids
+        self._policy = policy
+        self._deadline = deadline
+        self._tries = tries
+        self._chat = endpoint == "chat/completions"
+        self._last_pc = outcome.start_pc
+
+    async def _relay(self, send: Send) -> None:
+        st = _Stream()
+        outcome = self._outcome
+        while True:
+            failure = await self._pump(self._response, send, st)
+            if failure is None or st.finished:
+                break
+            t0 = time.perf_counter()
+            old = self._response
+            asyncio.get_running_loop().create_task(old.aclose())
+            if not st.started:  # nothing reached the client: the original request again
+                endpoint, body = self._endpoint, self._original
+            elif st.prompt_ids is None or not st.ids_ok:
+                outcome.step(STEP, t0, "failed", f"{failure}; token ids unknown, cannot resume")
+                await self._broken(send, st)
+                return
+            else:
+                cont = continuation_body(self._endpoint, self._payload, st.prompt_ids, st.sent)
+                if cont is None:  # every allowed token was sent; only the finish chunk was lost
+                    await self._emit(send, self._finish_chunk(st, "length"))
+                    st.finished = True
+                    outcome.step(STEP, t0, "recovered", f"{failure}; length reached, finish sent")
+                    break
+                endpoint, body = "completions", orjson.dumps(cont)
+            response, why = await open_with_retry(self._opener, endpoint, body, policy=self._policy,
+                                                  deadline=self._deadline, tries=self._tries)
+            if response is None:
+                outcome.step(STEP, t0, "failed", f"{failure}; {why}")
+                await self._broken(send, st)
+                return
+            self._response = response
+            st.resumed = st.started
+            st.done = False
+            outcome.step(STEP, t0, "recovered",
+                         f"{failure}; {'resumed after' if st.started else 'retried before'} "
+                         f"{len(st.sent)} tokens")
+        self._account(st)
+        if not self._strip:
+            event = st.usage_event if not st.resumed and st.usage_event is not None else self._usage_chunk(st)
+            await self._emit(send, event)
+        outcome.metered = True
+        await send({"type": "http.response.body", "body": b"data: [DONE]\n\n", "more_body": True})
+        self._ending = True
+        await send({"type": "http.response.body", "body": b"", "more_body": False})
+
+    async def _broken(self, send: Send, st: _Stream) -> None:
+        self._account(st)
+        await self._fail(send, StreamBrokenError())
+
+    def _account(self, st: _Stream) -> None:
+        outcome = self._outcome
+        if not st.resumed and st.usage is not None:
+            read_usage(st.usage, outcome)
+            return
+        if st.prompt_ids is not None:
+            outcome.prompt_tokens = len(st.prompt_ids)
+        if st.ids_ok:
+            outcome.completion_tokens = len(st.sent)
+
+    async def _emit(self, send: Send, obj: dict[str, Any]) -> None:
+        await send({"type": "http.response.body", "body": b"data: " + orjson.dumps(obj) + b"\n\n",
+                    "more_body": True})
+
+    async def _pump(self, response: httpx.Response, send: Send, st: _Stream) -> str | None:
+        """Relays one upstream stream; returns None when it completed, else why it broke."""
+        pending = b""
+        try:
+            async for received in response.aiter_raw():
+                now = time.perf_counter()
+                chunk = pending + received if pending else received
+                end = chunk.rfind(b"\n\n")
+                if end < 0:
+                    pending = chunk
+                    continue
+                pending = chunk[end + 2:]
+                out: list[bytes] = []
+                failure: str | None = None
+                for ev in chunk[:end].split(b"\n\n"):
+                    if not ev.strip():
+                        continue
+                    piece, failure = self._event(ev, st, now)
+                    if piece:
+                        out.append(piece)
+                    if failure is not None:
+                        break
+                if out:
+                    st.started = True
+                    await send({"type": "http.response.body", "body": b"".join(out), "more_body": True})
+                if failure is not None:
+                    return failure
+        except httpx.HTTPError as exc:
+            return f"upstream {type(exc).__name__}"
+        if pending.strip():
+            piece, failure = self._event(pending, st, time.perf_counter())
+            if piece:
+                st.started = True
+                await send({"type": "http.response.body", "body": piece, "more_body": True})
+            if failure is not None:
+                return failure
+        if not st.finished:
+            return "stream ended without finish_reason" if st.done else "stream ended early"
+        return None
+
+    def _event(self, ev: bytes, st: _Stream, now: float) -> tuple[bytes | None, str | None]:
+        """One upstream SSE event -> (bytes for the client, failure)."""
+        if ev.lstrip().startswith(b"event: error") or b"\nevent: error" in ev:
+            return None, "upstream error event"
+        raw = _data(ev)
+        if raw is None:
+            return None, None
+        if raw == b"[DONE]":
+            st.done = True
+            return None, None
+        try:
+            obj = orjson.loads(raw)
+        except orjson.JSONDecodeError:
+            return None, "malformed upstream event"
+        if not isinstance(obj, dict):
+            return None, "malformed upstream event"
+        if "error" in obj or obj.get("object") == "error":
+            return None, "upstream error in stream"
+        choices = obj.get("choices")
+        usage = obj.get("usage")
+        if isinstance(usage, dict):
+            st.usage = usage
+        if not choices:
+            if isinstance(usage, dict):
+                obj.pop("prompt_token_ids", None)
+                st.usage_event = obj
+            return None, None
+        choice = choices[0] if isinstance(choices, list) and isinstance(choices[0], dict) else None
+        if choice is None:
+            return None, "malformed upstream event"
+        if st.resumed:
+            obj.pop("prompt_token_ids", None)
+            choice.pop("prompt_token_ids", None)
+        else:
+            if st.id is None:
+                st.id, st.created, st.model = obj.get("id"), obj.get("created"), obj.get("model")
+            prompt_ids = obj.get("prompt_token_ids") if self._chat else choice.get("prompt_token_ids")
+            if isinstance(prompt_ids, list) and st.prompt_ids is None:
+                st.prompt_ids = prompt_ids
+                self._outcome.prompt_tokens = len(prompt_ids)
+            if not self._client_ids:
+                obj.pop("prompt_token_ids", None)
+                choice.pop("prompt_token_ids", None)
+        ids = choice.get("token_ids")
+        if not self._client_ids:
+            choice.pop("token_ids", None)
+        if isinstance(usage, dict) and (self._strip or st.resumed):
+            obj.pop("usage", None)
+        text = choice.get("text") if not self._chat else (choice.get("delta") or {}).get("content")
+        if isinstance(ids, list):
+            n = len(ids)
+            st.sent.extend(ids)
+        else:
+            n = 1 if text else 0
+            if n:
+                st.ids_ok = False
+        if n:
+            outcome = self._outcome
+            if outcome.first_token is None:
+                outcome.first_token = now
+            else:
+                outcome.gaps.append(now - self._last_pc)
+            self._last_pc = now
+            outcome.completion_tokens = len(st.sent) if st.ids_ok else outcome.completion_tokens + n
+        if choice.get("finish_reason") is not None:
+            st.finished = True
+        if st.resumed:
+            obj = self._reframe(obj, choice, st, ids if self._client_ids else None)
+        return b"data: " + orjson.dumps(obj) + b"\n\n", None
+
+    def _reframe(self, obj: dict[str, Any], choice: dict[str, Any], st: _Stream,
+                 ids: list[int] | None) -> dict[str, Any]:
+        """A continuation (``/completions``) chunk in the original request's format."""
+        if not self._chat:
+            obj.update(id=st.id, created=st.created, model=st.model)
+            return obj
+        out: dict[str, Any] = {"index": 0, "delta": {"content": choice.get("text") or ""}, "logprobs": None,
+                               "finish_reason": choice.get("finish_reason")}
+        if choice.get("stop_reason") is not None:
+            out["stop_reason"] = choice["stop_reason"]
+        if ids is not None:
+            out["token_ids"] = ids
+        return {"id": st.id, "object": "chat.completion.chunk", "created": st.created, "model": st.model,
+                "choices": [out]}
+
+    def _finish_chunk(self, st: _Stream, reason: str) -> dict[str, Any]:
+        if self._chat:
+            choice: dict[str, Any] = {"index": 0, "delta": {"content": ""}, "logprobs": None, "finish_reason": reason}
+            return {"id": st.id, "object": "chat.completion.chunk", "created": st.created, "model": st.model,
+                    "choices": [choice]}
+        return {"id": st.id, "object": "text_completion", "created": st.created, "model": st.model,
+                "choices": [{"index": 0, "text": "", "logprobs": None, "finish_reason": reason}]}
+
+    def _usage_chunk(self, st: _Stream) -> dict[str, Any]:
+        outcome = self._outcome
+        return {"id": st.id, "object": "chat.completion.chunk" if self._chat else "text_completion",
+                "created": st.created, "model": st.model, "choices": [],
+                "usage": {"prompt_tokens": outcome.prompt_tokens, "completion_tokens": outcome.completion_tokens,
+                          "total_tokens": outcome.prompt_tokens + outcome.completion_tokens}}

@@ -1,0 +1,304 @@
+"""Decode-failure recovery in the gateway's relay, against a real scripted HTTP upstream.
+
+The upstream (uvicorn in a thread) answers like vLLM with ``return_token_ids``: a deterministic "model"
+whose next token depends on every token before it, so a continuation from the wrong point (a lost,
+repeated or reordered token) changes everything after it. The script cuts streams at chosen points in
+the ways a dying replica does: a dropped connection, an ``{"error": ...}`` chunk, an SSE ``error``
+event, an end without ``finish_reason``, a 503 before the stream.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import threading
+import time
+import uuid
+from collections.abc import AsyncIterator, Iterator
+from typing import Any
+
+import httpx
+import orjson
+import pytest
+import uvicorn
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import Response, StreamingResponse
+from starlette.routing import Route
+
+from baton.api.gateway.metering import Outcome
+from baton.api.gateway.resume import ResumePolicy, ResumingRelay, continuation_body, resumable
+from baton.core import models as m
+
+# -- the scripted upstream -----------------------------------------------------------------------
+
+#: One entry per upstream request, in order: (mode, after) with mode in "ok", "drop", "error_chunk",
+#: "error_event", "eof", "no_finish", "status503"; `after` = tokens sent before the cut.
+SCRIPT: list[tuple[str, int]] = []
+BODIES: list[dict[str, Any]] = []
+
+
+def next_token(ids: list[int]) -> int:
+    h = 7
+    for t in ids:
+        h = (h * 31 + t) % 1_000_003
+    return 100 + h % 900
+
+
+def generate(prompt: list[int], n: int) -> list[int]:
+    out: list[int] = []
+    for _ in range(n):
+        out.append(next_token(prompt + out))
+    return out
+
+
+def tokenize(text: str) -> list[int]:
+    return [1, *text.encode()]
+
+
+def _sse(obj: Any) -> bytes:
+    return b"data: " + orjson.dumps(obj) + b"\n\n"
+
+
+async def _serve(request: Request) -> Response:
+    body = orjson.loads(await request.body())
+    BODIES.append(body)
+    mode, after = SCRIPT.pop(0) if SCRIPT else ("ok", 0)
+    if mode == "status503":
+        return Response(b'{"error":{"message":"no replica","code":503}}', status_code=503)
+    chat = request.url.path.endswith("chat/completions")
+    if chat:
+        prompt = tokenize("".join(msg["content"] for msg in body["messages"]))
+        limit = body.get("max_completion_tokens") or body.get("max_tokens") or 12
+    else:
+        p = body["prompt"]
+        prompt = tokenize(p) if isinstance(p, str) else list(p)
+        limit = body.get("max_tokens", 16)
+    ids_on = bool(body.get("return_token_ids"))
+    tokens = generate(prompt, limit)
+    rid, created = f"up-{uuid.uuid4().hex[:8]}", int(time.time())
+
+    def chunk(tok: int | None, *, first: bool = False, finish: str | None = None) -> dict[str, Any]:
+        if chat:
+            delta: dict[str, Any] = {"role": "assistant", "content": ""} if tok is None else {"content": f"<{tok}>"}
+            choice: dict[str, Any] = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}
+            if ids_on and tok is not None:
+                choice["token_ids"] = [tok]
+            obj: dict[str, Any] = {"id": rid, "object": "chat.completion.chunk", "created": created,
+                                   "model": body["model"], "choices": [choice]}
+            if ids_on and first:
+                obj["prompt_token_ids"] = prompt
+            return obj
+        choice = {"index": 0, "text": f"<{tok}>", "logprobs": None, "finish_reason": finish}
+        if ids_on:
+            choice["token_ids"] = [tok]
+            if first:
+                choice["prompt_token_ids"] = prompt
+        return {"id": rid, "object": "text_completion", "created": created, "model": body["model"],
+                "choices": [choice]}
+
+    async def events() -> AsyncIterator[bytes]:
+        if chat:
+            yield _sse(chunk(None, first=True))
+        for i, tok in enumerate(tokens):
+            if mode != "ok" and i == after:
+                if mode == "drop":
+                    raise RuntimeError("replica died")
+                if mode == "error_chunk":
+                    yield _sse({"error": {"message": "actor died", "code": 500}})
+                    yield b"data: [DONE]\n\n"
+                elif mode == "error_event":
+                    yield b"event: error\ndata: " + orjson.dumps({"error": {"message": "x"}}) + b"\n\n"
+                elif mode == "no_finish":
+                    yield b"data: [DONE]\n\n"
+                return  # "eof": a clean end in the middle
+            yield _sse(chunk(tok, first=not chat and i == 0, finish="length" if i == len(tokens) - 1 else None))
+            await asyncio.sleep(0)
+        yield _sse({"id": rid, "object": "x", "created": created, "model": body["model"], "choices": [],
+                    "usage": {"prompt_tokens": len(prompt), "completion_tokens": len(tokens),
+                              "total_tokens": len(prompt) + len(tokens)}})
+        yield b"data: [DONE]\n\n"
+
+    return StreamingResponse(events(), media_type="text/event-stream")
+
+
+APP = Starlette(routes=[Route("/v1/chat/completions", _serve, methods=["POST"]),
+                        Route("/v1/completions", _serve, methods=["POST"])])
+
+
+@pytest.fixture(scope="module")
+def upstream() -> Iterator[str]:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    server = uvicorn.Server(uvicorn.Config(APP, host="127.0.0.1", port=port, log_level="error"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 10
+    while not server.started:
+        assert time.monotonic() < deadline
+        time.sleep(0.02)
+    yield f"http://127.0.0.1:{port}/v1"
+    server.should_exit = True
+    thread.join(5)
+
+
+@pytest.fixture(autouse=True)
+def _clean() -> None:
+    SCRIPT.clear()
+    BODIES.clear()
+
+
+# -- driving the relay ---------------------------------------------------------------------------
+
+POLICY = ResumePolicy(attempts=4, budget_s=10, backoff_s=0.01)
+
+
+async def _relay(base: str, endpoint: str, payload: dict[str, Any], *, policy: ResumePolicy = POLICY,
+                 client_usage: bool = True, client_ids: bool = False) -> tuple[list[dict[str, Any]], bytes, Outcome]:
+    payload = {**payload, "stream": True, "stream_options": {"include_usage": True}, "return_token_ids": True,
+               "cache_salt": "salt-1"}
+    body = orjson.dumps(payload)
+    outcome = Outcome(request_id=uuid.uuid4(), tenant_id=uuid.uuid4(), api_key_id=None, model="m",
+                      endpoint=endpoint, stream=True, started=time.time(), start_pc=time.perf_counter())
+    async with httpx.AsyncClient(timeout=10) as client:
+        async def opener(ep: str, content: bytes) -> httpx.Response:
+            req = client.build_request("POST", f"{base}/{ep}", content=content,
+                                       headers={"content-type": "application/json"})
+            return await client.send(req, stream=True)
+
+        first = await opener(endpoint, body)
+        tries = [0]
+        if first.status_code != 200:  # the gateway's first-call retry, done by hand here
+            from baton.api.gateway.resume import open_with_retry
+
+            await first.aclose()
+            retried, _ = await open_with_retry(opener, endpoint, body, policy=policy,
+                                               deadline=time.monotonic() + policy.budget_s, tries=tries)
+            assert retried is not None
+            first = retried
+        done: list[Outcome] = []
+        relay = ResumingRelay(first, outcome, strip_usage=not client_usage, headers=[], done=done.append,
+                              opener=opener, endpoint=endpoint, payload=payload, original_body=body,
+                              client_ids=client_ids, policy=policy, deadline=time.monotonic() + policy.budget_s,
+                              tries=tries)
+        sent: list[dict[str, Any]] = []
+
+        async def receive() -> dict[str, Any]:
+            await asyncio.Event().wait()
+            return {}
+
+        async def send(message: dict[str, Any]) -> None:
+            sent.append(message)
+
+        await relay({"type": "http"}, receive, send)
+        await asyncio.sleep(0.01)
+    assert len(done) == 1 and sent[-1] == {"type": "http.response.body", "body": b"", "more_body": False}
+    raw = b"".join(msg.get("body", b"") for msg in sent)
+    events = [orjson.loads(ev[6:]) for ev in raw.split(b"\n\n") if ev.startswith(b"data: {")]
+    return events, raw, done[0]
+
+
+def _tokens(events: list[dict[str, Any]], chat: bool) -> list[int]:
+    out: list[int] = []
+    for ev in events:
+        for c in ev.get("choices") or []:
+            text = (c.get("delta") or {}).get("content") if chat else c.get("text")
+            out.extend(int(p) for p in (text or "").replace(">", "").split("<") if p)
+    return out
+
+
+CHAT = {"model": "m", "messages": [{"role": "user", "content": "hello there"}], "max_tokens": 12,
+        "temperature": 0.7, "seed": 5, "stop": ["zz"]}
+COMPLETION = {"model": "m", "prompt": "once upon", "max_tokens": 10, "temperature": 0}
+
+
+def test_an_undisturbed_stream_is_relayed_with_token_ids_stripped(upstream: str) -> None:
+    events, raw, o = asyncio.run(_relay(upstream, "chat/completions", CHAT))
+    expected = generate(tokenize("hello there"), 12)
+    assert _tokens(events, chat=True) == expected
+    assert b"token_ids" not in raw and raw.endswith(b"data: [DONE]\n\n") and b"error" not in raw
+    assert events[-1]["usage"] == {"prompt_tokens": 12, "completion_tokens": 12, "total_tokens": 24}
+    assert o.status is m.RequestStatus.COMPLETED and o.recovery_steps == [] and len(BODIES) == 1
+
+
+@pytest.mark.parametrize("mode", ["drop", "error_chunk", "error_event", "eof", "no_finish"])
+@pytest.mark.parametrize("after", [0, 1, 5, 11])
+def test_a_chat_stream_cut_anywhere_resumes_with_the_exact_tokens(upstream: str, mode: str, after: int) -> None:
+    SCRIPT.append((mode, after))
+    events, raw, o = asyncio.run(_relay(upstream, "chat/completions", CHAT))
+    prompt = tokenize("hello there")
+    assert _tokens(events, chat=True) == generate(prompt, 12)  # no token lost, repeated or reordered
+    assert b"token_ids" not in raw and b"error" not in raw and raw.count(b"[DONE]") == 1
+    # The client's stream keeps one id, one role chunk, one finish and one usage report.
+    assert {ev["id"] for ev in events} == {events[0]["id"]} and {ev["object"] for ev in events} == {
+        "chat.completion.chunk"}
+    assert sum(1 for ev in events for c in ev["choices"] if "role" in c["delta"]) == 1
+    assert [c["finish_reason"] for ev in events for c in ev["choices"] if c["finish_reason"]] == ["length"]
+    assert events[-1]["usage"] == {"prompt_tokens": len(prompt), "completion_tokens": 12,
+                                   "total_tokens": len(prompt) + 12}
+    assert (o.status, o.prompt_tokens, o.completion_tokens) == (m.RequestStatus.COMPLETED, len(prompt), 12)
+    # The continuation: /completions on prompt + sent ids, same sampling and salt, fewer tokens.
+    resumed = BODIES[1]
+    assert resumed["prompt"] == prompt + generate(prompt, after) and resumed["max_tokens"] == 12 - after
+    assert (resumed["temperature"], resumed["seed"], resumed["stop"], resumed["cache_salt"]) == (
+        0.7, 5, ["zz"], "salt-1")
+    assert [(s["step"], s["outcome"]) for s in o.recovery_steps] == [("decode_resume", "recovered")]
+    assert {"at_ms", "duration_ms", "detail"} <= set(o.recovery_steps[0])
+
+
+def test_a_completion_cut_twice_resumes_twice(upstream: str) -> None:
+    SCRIPT.extend([("drop", 3), ("error_chunk", 2)])
+    events, raw, o = asyncio.run(_relay(upstream, "completions", COMPLETION))
+    prompt = tokenize("once upon")
+    assert _tokens(events, chat=False) == generate(prompt, 10)
+    assert {ev["id"] for ev in events} == {events[0]["id"]} and b"token_ids" not in raw
+    assert BODIES[2]["prompt"] == prompt + generate(prompt, 5) and BODIES[2]["max_tokens"] == 5
+    assert events[-1]["usage"]["completion_tokens"] == 10 and events[-1]["usage"]["prompt_tokens"] == len(prompt)
+    assert len(o.recovery_steps) == 2 and o.status is m.RequestStatus.COMPLETED
+
+
+def test_token_ids_stay_when_the_client_asked_for_them(upstream: str) -> None:
+    SCRIPT.append(("drop", 4))
+    events, _, _ = asyncio.run(_relay(upstream, "completions", COMPLETION, client_ids=True))
+    ids = [t for ev in events for c in ev["choices"] for t in c.get("token_ids") or []]
+    assert ids == generate(tokenize("once upon"), 10)
+
+
+def test_usage_is_not_sent_to_a_client_that_did_not_ask(upstream: str) -> None:
+    SCRIPT.append(("drop", 4))
+    events, raw, o = asyncio.run(_relay(upstream, "completions", COMPLETION, client_usage=False))
+    assert b"usage" not in raw and o.completion_tokens == 10
+
+
+def test_a_failure_before_the_first_token_retries_the_original_request(upstream: str) -> None:
+    SCRIPT.extend([("status503", 0), ("drop", 0)])  # refused, then dropped before any event
+    events, _, o = asyncio.run(_relay(upstream, "completions", COMPLETION))
+    assert _tokens(events, chat=False) == generate(tokenize("once upon"), 10)
+    assert BODIES[2]["prompt"] == "once upon" and o.status is m.RequestStatus.COMPLETED
+
+
+def test_when_the_budget_runs_out_the_stream_ends_with_an_error_event(upstream: str) -> None:
+    SCRIPT.extend([("drop", 3)] + [("status503", 0)] * 10)
+    events, raw, o = asyncio.run(_relay(upstream, "chat/completions", CHAT,
+                                        policy=ResumePolicy(attempts=3, budget_s=10, backoff_s=0.01)))
+    assert _tokens(events, chat=True) == generate(tokenize("hello there"), 3)  # what was sent stays sent
+    assert b"event: error" in raw and raw.endswith(b"data: [DONE]\n\n")
+    assert o.status is m.RequestStatus.FAILED and o.error_code == "upstream_stream_broken"
+    assert o.completion_tokens == 3 and o.metered
+    assert o.recovery_steps[-1]["outcome"] == "failed" and "503" in o.recovery_steps[-1]["detail"]
+    assert len(BODIES) == 4  # the original, then 3 attempts
+
+
+def test_what_cannot_be_resumed_is_recognised() -> None:
+    assert resumable("chat/completions", CHAT) and resumable("completions", COMPLETION)
+    assert resumable("completions", {"prompt": [1, 2, 3]})
+    assert not resumable("completions", {"prompt": ["a", "b"]})
+    assert not resumable("chat/completions", {**CHAT, "n": 2})
+    assert not resumable("chat/completions", {**CHAT, "tools": [{"type": "function"}]})
+    assert not resumable("chat/completions", {**CHAT, "logprobs": True})
+    assert resumable("chat/completions", {**CHAT, "logprobs": False})
+    assert continuation_body("completions", COMPLETION, [1], list(range(10))) is None  # nothing left
+    body = continuation_body("chat/completions", {**CHAT, "min_tokens": 4, "max_tokens": None,
+                                                  "max_completion_tokens": 9}, [1, 2], [3])
+    assert body is not None and body["max_tokens"] == 8 and body["min_tokens"] == 3 and body["prompt"] == [1, 2, 3]
