@@ -55,11 +55,13 @@ def create_app(
     router: Any = None,
     http_client: Any = None,
     optional_routers: tuple[tuple[str, str, str], ...] | None = None,
+    tracing: Any = None,
 ) -> FastAPI:
     """The whole HTTP API. ``db``/``redis`` (``redis.asyncio.Redis``)/``router``/``http_client`` may be
     passed in (tests, benchmarks); what the app builds itself it also closes. ``optional_routers``
     (default :data:`OPTIONAL_ROUTERS`) lists the other parts to mount when installed; ``()`` serves
-    the gateway alone."""
+    the gateway alone. ``tracing`` (a :class:`baton.core.telemetry.Tracing`) replaces the one the
+    lifespan builds from ``settings.telemetry`` (tests pass an in-memory exporter)."""
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -72,7 +74,13 @@ def create_app(
         database = db or Database.for_services(settings)
         red: Any = redis or aioredis.Redis.from_url(settings.redis.url, socket_timeout=5, socket_connect_timeout=2,
                                                health_check_interval=30)
-        gateway = build_gateway(settings, db=database, redis=red, router=router, http_client=http_client)
+        from baton.core.telemetry import setup_tracing
+
+        own_tracing = tracing is None
+        tracer = tracing or setup_tracing(settings.telemetry)
+        gateway = build_gateway(settings, db=database, redis=red, router=router, http_client=http_client,
+                                tracing=tracer)
+        app.state.tracing = tracer
         app.state.settings = settings
         app.state.db = database
         app.state.redis = red
@@ -88,6 +96,8 @@ def create_app(
                 await red.aclose()
             if own_db:
                 database.dispose()
+            if own_tracing:
+                tracer.shutdown()
 
     app = FastAPI(
         title="Baton",

@@ -10,11 +10,16 @@ numbers the `dataplane.kv_handoff` span reports.
 
 from __future__ import annotations
 
+import asyncio
 import collections
+import contextlib
 from collections.abc import AsyncGenerator
 from typing import Any
 
 from ray.llm._internal.serve.serving_patterns.prefill_decode.pd_server import PDDecodeServer
+
+from baton.dataplane import tracing as dp_tracing
+from baton.dataplane.facts import record_fact
 
 MAX_RECORDED_HANDOFFS = 1024
 
@@ -29,20 +34,30 @@ class _RecordingBackend:
     def __getattr__(self, name: str) -> Any:
         return getattr(self._inner, name)
 
+    def prepare_prefill_request(self, *, request: Any, peer: Any) -> Any:
+        prefill_request = self._inner.prepare_prefill_request(request=request, peer=peer)
+        rt = dp_tracing.current.get()
+        if rt is not None:
+            rt.start_prefill(prefill_request)
+        return prefill_request
+
     def prepare_decode_request(self, *, request: Any, peer: Any, prefill_response: Any) -> Any:
         decode_request = self._inner.prepare_decode_request(
             request=request, peer=peer, prefill_response=prefill_response
         )
         params = getattr(prefill_response, "kv_transfer_params", None) or {}
         usage = getattr(prefill_response, "usage", None)
-        self._handoffs.append(
-            {
-                "request_id": getattr(request, "request_id", None),
-                "prompt_tokens": getattr(usage, "prompt_tokens", None),
-                "remote_engine_id": params.get("remote_engine_id"),
-                "remote_blocks": _count_blocks(params.get("remote_block_ids")),
-            }
-        )
+        handoff = {
+            "request_id": getattr(request, "request_id", None),
+            "prompt_tokens": getattr(usage, "prompt_tokens", None),
+            "remote_engine_id": params.get("remote_engine_id"),
+            "remote_blocks": _count_blocks(params.get("remote_block_ids")),
+        }
+        self._handoffs.append(handoff)
+        rt = dp_tracing.current.get()
+        if rt is not None and prefill_response is not None:
+            rt.end_prefill(prefill_response, handoff["prompt_tokens"], handoff["remote_blocks"])
+            rt.start_decode(decode_request, {**handoff, "connector": "nixl"})
         return decode_request
 
 
@@ -53,10 +68,19 @@ def _count_blocks(block_ids: Any) -> int:
     return sum(_count_blocks(b) if isinstance(b, list | tuple) else 1 for b in block_ids)
 
 
+_background: set[asyncio.Task[None]] = set()
+
+
 class BatonPDDecodeServer(PDDecodeServer):
     """Decode-side server of a Baton P/D deployment."""
 
     _handoffs: collections.deque[dict[str, Any]]
+    _baton_shape_cache: dp_tracing.ModelShape | None
+    _baton_replica_name: str
+
+    async def __init__(self, llm_config: Any, **kwargs: Any) -> None:  # type: ignore[misc]
+        await super().__init__(llm_config, **kwargs)
+        dp_tracing.tracing_from_env()  # once per replica: spans go to BATON_TELEMETRY__OTLP_ENDPOINT
 
     def _get_connector_backend(self) -> Any:
         cached = getattr(self, "_baton_backend", None)
@@ -76,7 +100,80 @@ class BatonPDDecodeServer(PDDecodeServer):
             yield chunk
 
     async def chat(self, request: Any, raw_request_info: Any = None) -> AsyncGenerator[Any, None]:
-        return self._orchestrate(request, raw_request_info)
+        return self._traced(self._orchestrate(request, raw_request_info), raw_request_info)
 
     async def completions(self, request: Any, raw_request_info: Any = None) -> AsyncGenerator[Any, None]:
-        return self._orchestrate(request, raw_request_info)
+        return self._traced(self._orchestrate(request, raw_request_info), raw_request_info)
+
+    # -- tracing ------------------------------------------------------------------------------------
+
+    async def _traced(self, gen: AsyncGenerator[Any, None], raw_request_info: Any) -> AsyncGenerator[Any, None]:
+        """The request's data-plane spans around the orchestration; its handoff fact for the gateway.
+
+        Tracing never breaks serving: any failure in here costs only the spans."""
+        try:
+            rt = dp_tracing.begin(raw_request_info, replica=self._baton_replica())
+        except Exception:
+            rt = None
+        if rt is None:
+            async for item in gen:
+                yield item
+            return
+        token = dp_tracing.current.set(rt)
+        error: BaseException | None = None
+        try:
+            async for item in gen:
+                if rt.decode is not None:
+                    self._baton_chunk(rt, item)
+                yield item
+        except BaseException as exc:
+            error = exc
+            raise
+        finally:
+            with contextlib.suppress(ValueError):  # finalised in another context
+                dp_tracing.current.reset(token)
+            self._baton_finish(rt, error)
+
+    def _baton_chunk(self, rt: dp_tracing.RequestTrace, item: Any) -> None:
+        try:
+            rt.chunk(item)
+            if not rt.handoff_done:  # first token: the handoff is over, tell the gateway now
+                self._baton_fact(rt, rt.first_token(self._baton_shape()))
+        except Exception:
+            return
+
+    def _baton_finish(self, rt: dp_tracing.RequestTrace, error: BaseException | None) -> None:
+        try:
+            self._baton_fact(rt, rt.finish(self._baton_shape(), error))
+        except Exception:
+            return
+
+    def _baton_fact(self, rt: dp_tracing.RequestTrace, fact: dict[str, Any] | None) -> None:
+        if fact is not None and rt.request_id:
+            try:
+                task = asyncio.get_running_loop().create_task(record_fact(rt.request_id, "handoff", fact))
+            except RuntimeError:
+                return
+            _background.add(task)
+            task.add_done_callback(_background.discard)
+
+    def _baton_shape(self) -> dp_tracing.ModelShape | None:
+        if not hasattr(self, "_baton_shape_cache"):
+            cfg = self._llm_config
+            kwargs = cfg.engine_kwargs or {}
+            gpu = any(b.get("GPU") for b in ((cfg.placement_group_config or {}).get("bundles") or []))
+            # vLLM's default KV block: 128 tokens on the CPU backend, 16 on GPUs.
+            block = int(kwargs.get("block_size") or (16 if gpu else 128))
+            self._baton_shape_cache = dp_tracing.model_shape(
+                str(cfg.model_loading_config.model_source), dtype=kwargs.get("dtype"), block_size=block)
+        return self._baton_shape_cache
+
+    def _baton_replica(self) -> str:
+        if not hasattr(self, "_baton_replica_name"):
+            try:
+                from ray import serve
+
+                self._baton_replica_name = str(serve.get_replica_context().replica_id.unique_id)
+            except Exception:
+                self._baton_replica_name = ""
+        return self._baton_replica_name

@@ -66,7 +66,28 @@ def engine_env(spec: DeploymentSpec) -> dict[str, str]:
         gib = kv_cache_space_gib(spec)
         if float(gib).is_integer():
             env["VLLM_CPU_KVCACHE_SPACE"] = str(int(gib))
+    env.update(telemetry_env(spec))
     env.update(spec.env)
+    return env
+
+
+def telemetry_env(spec: DeploymentSpec) -> dict[str, str]:
+    """Tracing and facts settings of the replicas (read by `baton.dataplane.tracing` and `.facts`).
+
+    With an OTLP endpoint, vLLM itself also exports its request spans (`otlp_traces_endpoint`) over
+    OTLP/HTTP, as children of the `traceparent` the decode server passes on."""
+    tel = spec.telemetry
+    env = {
+        "BATON_TELEMETRY__ENABLED": "true" if tel.enabled else "false",
+        "BATON_TELEMETRY__LINK_BANDWIDTH_GBPS": repr(tel.link_bandwidth_gbps),
+        "BATON_TELEMETRY__SERVICE_NAME": f"baton-dataplane-{spec.name}",
+    }
+    if tel.otlp_endpoint:
+        env["BATON_TELEMETRY__OTLP_ENDPOINT"] = tel.otlp_endpoint
+        env["OTEL_EXPORTER_OTLP_TRACES_PROTOCOL"] = "http/protobuf"
+    redis_url = tel.facts_redis_url or (spec.kv.lmcache.redis_url if spec.kv.lmcache else None)
+    if redis_url:
+        env["BATON_DATAPLANE_REDIS_URL"] = redis_url
     return env
 
 
@@ -98,6 +119,8 @@ def engine_kwargs(spec: DeploymentSpec, role: Role) -> dict[str, Any]:
     kv = kv_transfer_config(spec, role)
     if kv is not None:
         kwargs["kv_transfer_config"] = kv
+    if spec.telemetry.enabled and spec.telemetry.otlp_endpoint:
+        kwargs["otlp_traces_endpoint"] = spec.telemetry.otlp_endpoint.rstrip("/") + "/v1/traces"
     return kwargs
 
 

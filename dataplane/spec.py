@@ -124,6 +124,19 @@ class LMCacheTiers(_Strict):
         return tiers
 
 
+class TelemetryRef(_Strict):
+    """Where the data plane sends spans and per-request facts (rendered into the replicas' env)."""
+
+    otlp_endpoint: str | None = Field(
+        default=None, description="OTLP/HTTP endpoint (e.g. http://collector:4318); also given to vLLM."
+    )
+    link_bandwidth_gbps: float = Field(default=1.9, gt=0, description="KV link bandwidth for the handoff's ideal time.")
+    facts_redis_url: str | None = Field(
+        default=None, description="Redis for per-request facts (handoff, recovery); default: the LMCache Redis tier."
+    )
+    enabled: bool = Field(default=True, description="Create data-plane spans at all.")
+
+
 class KVTransferSettings(_Strict):
     """How KV moves between engines: the P/D transport and the LMCache tiers."""
 
@@ -180,6 +193,7 @@ class DeploymentSpec(_Strict):
         default_factory=dict,
         description="Extra environment variables for engine replicas (they override the profile's).",
     )
+    telemetry: TelemetryRef = Field(default_factory=TelemetryRef, description="Spans and per-request facts.")
 
     @model_validator(mode="after")
     def _coherent(self) -> DeploymentSpec:

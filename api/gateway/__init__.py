@@ -19,10 +19,12 @@ def build_gateway(
     redis: Any,
     router: Any = None,
     http_client: Any = None,
+    tracing: Any = None,
 ) -> Any:
     """A ready-to-start :class:`~baton.api.gateway.service.Gateway` (``redis``: ``redis.asyncio.Redis``)."""
     from functools import partial
 
+    from baton.api.gateway.facts import FactMerger
     from baton.api.gateway.metering import UsageMeter
     from baton.api.gateway.principals import InvalidationListener, PrincipalCache, load_principal
     from baton.api.gateway.proxy import new_client
@@ -42,8 +44,10 @@ def build_gateway(
         listener=InvalidationListener(redis, principals),
         limiter=RateLimiter(redis, lease_s=g.ratelimit_lease_s, fail_open=g.ratelimit_fail_open),
         meter=UsageMeter(db, batch_size=g.usage_batch_size, flush_interval=g.usage_flush_interval_s,
-                         max_buffer=g.usage_buffer_max),
+                         max_buffer=g.usage_buffer_max,
+                         enrich=FactMerger(redis, tracing.tracer if tracing and tracing.provider else None)),
         router=router,
         client=http_client or new_client(timeout_s=g.upstream_timeout_s, max_connections=g.upstream_max_connections),
         default_completion_budget=g.default_completion_budget,
+        tracing=tracing,
     )

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from typing import Annotated
 
 from fastapi import APIRouter, Depends, Header, Request
@@ -35,11 +36,21 @@ GatewayDep = Annotated[Gateway, Depends(get_gateway)]
 
 
 async def get_principal(
+    request: Request,
     gateway: GatewayDep,
     credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)],
 ) -> Principal:
     header = f"Bearer {credentials.credentials}" if credentials is not None else None
-    return await gateway.principals.authenticate(header)
+    if gateway.tracer is None:
+        return await gateway.principals.authenticate(header)
+    start = time.time_ns()
+    principal = await gateway.principals.authenticate(header)
+    request.state.auth_ns = (start, time.time_ns())  # the gateway.auth span, written with the request's
+    return principal
+
+
+def _auth_ns(request: Request) -> tuple[int, int] | None:
+    return getattr(request.state, "auth_ns", None)
 
 
 PrincipalDep = Annotated[Principal, Depends(get_principal)]
@@ -66,18 +77,18 @@ async def get_model(model: str, principal: PrincipalDep) -> ModelObject:
 @router.post("/chat/completions", response_model=None, responses=completion_responses(ChatCompletion),
              summary="Create a chat completion (streaming or not)")
 async def chat_completions(
-    body: ChatCompletionRequest, principal: PrincipalDep, gateway: GatewayDep,
+    body: ChatCompletionRequest, principal: PrincipalDep, gateway: GatewayDep, request: Request,
     traceparent: TraceparentHeader = None,
 ) -> Response:
     call = await gateway.prepare_chat(principal, _exclude(body))
-    return await gateway.forward(principal, call, traceparent=traceparent)
+    return await gateway.forward(principal, call, traceparent=traceparent, auth_ns=_auth_ns(request))
 
 
 @router.post("/completions", response_model=None, responses=completion_responses(Completion),
              summary="Create a text completion (streaming or not)")
 async def completions(
-    body: CompletionRequest, principal: PrincipalDep, gateway: GatewayDep,
+    body: CompletionRequest, principal: PrincipalDep, gateway: GatewayDep, request: Request,
     traceparent: TraceparentHeader = None,
 ) -> Response:
     call = await gateway.prepare_completion(principal, _exclude(body))
-    return await gateway.forward(principal, call, traceparent=traceparent)
+    return await gateway.forward(principal, call, traceparent=traceparent, auth_ns=_auth_ns(request))

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import time
 import uuid
 from dataclasses import dataclass
@@ -19,6 +20,7 @@ import httpx
 import orjson
 from starlette.responses import Response
 
+from baton.api.gateway import tracing as gw_tracing
 from baton.api.gateway.metering import Outcome, UsageMeter
 from baton.api.gateway.principals import InvalidationListener, ModelGrant, Principal, PrincipalCache
 from baton.api.gateway.proxy import (
@@ -43,6 +45,9 @@ from baton.api.gateway.schemas import MAX_N, SERVER_FIELDS
 from baton.api.gateway.tokens import PromptCounter
 from baton.core import errors
 from baton.core import models as m
+from baton.core import telemetry as t
+
+log = logging.getLogger(__name__)
 
 
 class ContextLengthError(errors.ValidationError):
@@ -107,6 +112,7 @@ class Gateway:
         client: httpx.AsyncClient,
         prompts: PromptCounter | None = None,
         default_completion_budget: int = 1024,
+        tracing: t.Tracing | None = None,
     ) -> None:
         self.principals = principals
         self.listener = listener
@@ -116,6 +122,8 @@ class Gateway:
         self.client = client
         self.prompts = prompts or PromptCounter()
         self.default_completion_budget = default_completion_budget
+        #: None when tracing is off: then the hot path creates no span at all.
+        self.tracer = tracing.tracer if tracing is not None and tracing.provider is not None else None
 
     async def start(self) -> None:
         await self.meter.start()
@@ -177,27 +185,57 @@ class Gateway:
 
     # -- forwarding ---------------------------------------------------------------------------
 
-    async def forward(self, principal: Principal, call: Call, *, traceparent: str | None) -> Response:
+    async def forward(self, principal: Principal, call: Call, *, traceparent: str | None,
+                      auth_ns: tuple[int, int] | None = None) -> Response:
+        """``auth_ns``: unix-ns start and end of the key check (the ``gateway.auth`` span)."""
         if not self.meter.accepting:
             raise errors.UnavailableError("The gateway is busy. Retry shortly.", headers={"retry-after": "1"})
-        upstream = await self.router.resolve(call.grant.name)
-        if upstream is None:
-            raise ModelNotAvailableError(f"The model `{call.grant.name}` is not being served right now.",
-                                         headers={"retry-after": "5"})
-        body, client_usage = upstream_body(call, principal.cache_salt)
         request_id = uuid.uuid4()
         rid = request_id.hex
-        decision = await self.limiter.admit(rid, principal.limit_scopes, call.prompt_tokens + call.completion_budget)
-        if not decision.allowed:
-            raise _limited(decision.reason, decision.retry_after_s, decision.headers)
+        tracer = self.tracer
+        span = None
+        if tracer is not None:
+            span = gw_tracing.start_request(
+                tracer, traceparent=traceparent, start_ns=auth_ns[0] if auth_ns else time.time_ns(),
+                request_id=rid, endpoint=call.endpoint, model=call.grant.name, tenant_id=principal.tenant_id,
+                key_id=principal.key_id, stream=call.stream, max_tokens=call.payload.get("max_tokens"))
+            if auth_ns:
+                gw_tracing.child(tracer, span, t.SPAN_GATEWAY_AUTH, *auth_ns)
+        try:
+            upstream = await self.router.resolve(call.grant.name)
+            if upstream is None:
+                raise ModelNotAvailableError(f"The model `{call.grant.name}` is not being served right now.",
+                                             headers={"retry-after": "5"})
+            body, client_usage = upstream_body(call, principal.cache_salt)
+            rl_start = time.time_ns() if tracer is not None else 0
+            decision = await self.limiter.admit(rid, principal.limit_scopes,
+                                                call.prompt_tokens + call.completion_budget)
+            if span is not None and tracer is not None:
+                gw_tracing.child(tracer, span, t.SPAN_GATEWAY_RATELIMIT, rl_start, time.time_ns(),
+                                 attributes={"baton.ratelimit.allowed": decision.allowed})
+            if not decision.allowed:
+                raise _limited(decision.reason, decision.retry_after_s, decision.headers)
+        except BaseException as exc:
+            if span is not None:
+                gw_tracing.rejected(span, exc)
+            raise
         lease = decision.lease
-        tp, trace_id = trace_context(traceparent)
+        if span is None:
+            tp, trace_id = trace_context(traceparent)
+        else:
+            if upstream.deployment:
+                span.set_attribute(t.ATTR_DEPLOYMENT, upstream.deployment)
+            tp = t.traceparent_of(span)
+            trace_id = tp[3:35]
         outcome = Outcome(
             request_id=request_id, tenant_id=principal.tenant_id, api_key_id=principal.key_id,
             model=call.grant.name, endpoint=call.endpoint, stream=call.stream, started=time.time(),
             deployment=upstream.deployment, trace_id=trace_id, prompt_tokens=call.prompt_tokens,
             start_pc=time.perf_counter(),
         )
+        if span is not None:
+            outcome.span = span
+            outcome.span_id = tp[36:52]
         headers = {"x-request-id": f"req-{rid}", **decision.headers}
         request = self.client.build_request("POST", f"{upstream.base_url}/{call.endpoint}", content=body,
                                             headers=upstream_headers(rid, tp, stream=call.stream))
@@ -246,10 +284,17 @@ class Gateway:
         self._finish(outcome, lease)
 
     def _finish(self, outcome: Outcome, lease: Lease | None) -> None:
-        """The one end of every admitted request: meter it, correct and release its lease."""
+        """The one end of every admitted request: meter it, correct and release its lease, end its span."""
         self.meter.record(outcome)
         actual = outcome.prompt_tokens + outcome.completion_tokens if outcome.metered else 0
         self.limiter.finish(lease, actual)
+        span = outcome.span
+        if span is not None and self.tracer is not None:
+            try:
+                gw_tracing.finish_request(self.tracer, span, outcome)
+                outcome.span = None
+            except Exception:  # tracing never breaks serving
+                log.debug("span of %s not finished", outcome.request_id, exc_info=True)
 
 
 def upstream_body(call: Call, salt: str) -> tuple[bytes, bool]:

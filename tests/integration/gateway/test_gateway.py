@@ -118,7 +118,9 @@ def test_cache_salt_is_the_tenants_and_server_fields_are_dropped(
     assert body["cache_salt"] == cache_salt(settings.security.key_secret.get_secret_value(), key.tenant_id)
     assert "kv_transfer_params" not in body and "priority" not in body
     assert body["top_k"] == 5  # engine extensions pass through
-    assert last["headers"]["traceparent"] == "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
+    # The client's trace continues: same trace id, the parent is now the gateway's own span.
+    sent = last["headers"]["traceparent"].split("-")
+    assert sent[1] == "0af7651916cd43dd8448eb211c80319c" and sent[2] != "b7ad6b7169203331"
     assert resp.headers["x-request-id"].startswith("req-")
 
 
@@ -276,9 +278,11 @@ def test_a_cut_upstream_stream_ends_with_an_error_event(
         assert resp.status_code == 200
         body = resp.read()
     assert body.count(b'"content":"tok "') == 3
-    assert b"event: error" in body and b'"code":"upstream_error"' in body
+    # The stub gives no token ids, so the stream cannot be resumed: an SSE error, and the record says why.
+    assert b"event: error" in body and b'"code":"upstream_stream_broken"' in body
     record = wait_for(lambda: _records(db, key.tenant_id))[0]
-    assert record.status is m.RequestStatus.FAILED
+    assert record.status is m.RequestStatus.FAILED and record.error_code == "upstream_stream_broken"
+    assert [(s["step"], s["outcome"]) for s in record.recovery_steps] == [("decode_resume", "failed")]
 
 
 def test_upstream_errors_and_unreachable_models(

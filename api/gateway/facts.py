@@ -1,0 +1,76 @@
+"""Data-plane facts merged into request records (see :mod:`baton.dataplane.facts` for the writer).
+
+Called by the usage meter on each batch before it is written, off the request path: one pipelined
+``HGETALL baton:req:<request id>`` per outcome that went to a Serve deployment. The ``handoff`` fact
+fills ``kv_bytes``/``handoff_ms``; data-plane ``recovery_steps`` are appended to the outcome's own and
+become ``recovery.<step>`` spans in the request's trace (parent: its ``gateway.request`` span).
+Redis down or slow costs only the facts.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from typing import Any
+
+from opentelemetry import trace
+
+from baton.api.gateway import tracing as gw_tracing
+from baton.api.gateway.metering import Outcome
+from baton.core import telemetry as t
+
+log = logging.getLogger(__name__)
+
+TIMEOUT_S = 0.5
+
+
+def fact_key(request_hex: str) -> str:
+    return f"baton:req:{request_hex}"
+
+
+class FactMerger:
+    """The meter's ``enrich`` hook: ``await merger(outcomes)``."""
+
+    def __init__(self, redis: Any, tracer: trace.Tracer | None = None) -> None:
+        self._redis = redis
+        self._tracer = tracer
+
+    async def __call__(self, outcomes: list[Outcome]) -> None:
+        todo = [o for o in outcomes if o.deployment is not None and not o.facts_merged]
+        if not todo:
+            return
+        try:
+            async with self._redis.pipeline(transaction=False) as pipe:
+                for o in todo:
+                    pipe.hgetall(fact_key(o.request_id.hex))
+                results = await asyncio.wait_for(pipe.execute(), TIMEOUT_S)
+        except Exception as exc:  # Redis down: records are written without the facts
+            log.debug("request facts not read: %s", type(exc).__name__)
+            return
+        for o, raw in zip(todo, results, strict=True):
+            o.facts_merged = True
+            if raw:
+                try:
+                    self.merge(o, {_s(k): json.loads(v) for k, v in raw.items()})
+                except (ValueError, TypeError):
+                    continue
+
+    def merge(self, o: Outcome, facts: dict[str, Any]) -> None:
+        handoff = facts.get("handoff")
+        if isinstance(handoff, dict):
+            if isinstance(handoff.get("kv_bytes"), int):
+                o.kv_bytes = handoff["kv_bytes"]
+            if isinstance(handoff.get("transfer_ms"), int | float):
+                o.handoff_ms = float(handoff["transfer_ms"])
+        steps = facts.get("recovery_steps")
+        if isinstance(steps, list):
+            steps = [dict(s, source="dataplane") for s in steps if isinstance(s, dict) and "step" in s]
+            o.recovery_steps.extend(steps)
+            if steps and self._tracer is not None and o.trace_id and o.span_id:
+                parent = t.context_from_traceparent(f"00-{o.trace_id}-{o.span_id}-01")
+                gw_tracing.recovery_spans(self._tracer, parent, steps, int(o.started * 1e9))
+
+
+def _s(v: Any) -> str:
+    return v.decode() if isinstance(v, bytes) else str(v)

@@ -1,0 +1,196 @@
+"""Gateway spans with the in-memory exporter: tree shape, attributes, no key material, recovery spans,
+data-plane facts merged from Redis, and an unreachable collector that costs nothing but spans."""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from collections.abc import Iterator
+
+import httpx
+import pytest
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+from baton.api.gateway.facts import FactMerger, fact_key
+from baton.api.gateway.metering import Outcome
+from baton.core import telemetry as t
+from baton.core.settings import Settings, TelemetrySettings
+from tests.integration.gateway.conftest import Catalogue, MakeTenant, serve, wait_for
+
+CLIENT_TRACE = "0af7651916cd43dd8448eb211c80319c"
+CLIENT_SPAN = "b7ad6b7169203331"
+
+
+@pytest.fixture(scope="module")
+def exporter() -> InMemorySpanExporter:
+    return InMemorySpanExporter()
+
+
+@pytest.fixture(scope="module")
+def traced_url(gw_settings: Settings, exporter: InMemorySpanExporter) -> Iterator[str]:
+    from baton.api.app import create_app
+
+    tracing = t.setup_tracing(TelemetrySettings(), exporter=exporter, batch=False)
+    with serve(create_app(gw_settings, optional_routers=(), tracing=tracing)) as url:
+        yield url
+
+
+def _spans(exporter: InMemorySpanExporter, trace_id: str) -> dict[str, object]:
+    return {s.name: s for s in exporter.get_finished_spans() if f"{s.context.trace_id:032x}" == trace_id}
+
+
+def test_one_tree_per_request_under_the_clients_trace(
+    traced_url: str, stub_url: str, catalogue: Catalogue, make_tenant: MakeTenant, exporter: InMemorySpanExporter,
+) -> None:
+    key = make_tenant([catalogue.big])
+    for stream in (False, True):
+        exporter.clear()
+        resp = httpx.post(f"{traced_url}/v1/chat/completions", timeout=30, headers={
+            **key.headers, "traceparent": f"00-{CLIENT_TRACE}-{CLIENT_SPAN}-01"},
+            json={"model": catalogue.big, "messages": [{"role": "user", "content": "secret prompt text"}],
+                  "stream": stream, "max_tokens": 3})
+        assert resp.status_code == 200, resp.text
+        if stream:
+            assert b"[DONE]" in resp.content
+        spans = wait_for(lambda: (s := _spans(exporter, CLIENT_TRACE)) and t.SPAN_GATEWAY_REQUEST in s and s)
+        root = spans[t.SPAN_GATEWAY_REQUEST]
+        assert f"{root.parent.span_id:016x}" == CLIENT_SPAN  # a child of the client's span
+        for name in (t.SPAN_GATEWAY_AUTH, t.SPAN_GATEWAY_RATELIMIT):
+            assert spans[name].parent.span_id == root.context.span_id
+            assert root.start_time <= spans[name].start_time <= spans[name].end_time <= root.end_time
+        attrs = dict(root.attributes)
+        assert attrs["gen_ai.operation.name"] == "chat"
+        assert attrs[t.ATTR_MODEL] == catalogue.big
+        assert attrs[t.ATTR_TENANT] == str(key.tenant_id)
+        assert attrs["baton.api_key_id"] == str(key.key_id)
+        assert attrs[t.ATTR_INPUT_TOKENS] > 0 and attrs[t.ATTR_OUTPUT_TOKENS] > 0
+        assert attrs["baton.request_id"] == resp.headers["x-request-id"]
+        # The upstream continues the trace from the gateway's span.
+        sent = httpx.get(f"{stub_url}/_last").json()["headers"]["traceparent"]
+        assert sent == f"00-{CLIENT_TRACE}-{root.context.span_id:016x}-01"
+        # Never key material or prompt text in any span.
+        dumped = json.dumps([dict(s.attributes) for s in spans.values()])
+        assert key.secret not in dumped and key.secret[:16] not in dumped and "secret prompt" not in dumped
+
+
+def test_a_request_without_traceparent_gets_a_root_span_and_its_record_the_trace_id(
+    traced_url: str, catalogue: Catalogue, make_tenant: MakeTenant, exporter: InMemorySpanExporter, db,
+) -> None:
+    from baton.core import models as m
+
+    key = make_tenant([catalogue.big])
+    exporter.clear()
+    resp = httpx.post(f"{traced_url}/v1/completions", headers=key.headers, timeout=30,
+                      json={"model": catalogue.big, "prompt": "hi", "max_tokens": 2})
+    assert resp.status_code == 200
+    roots = wait_for(lambda: [s for s in exporter.get_finished_spans() if s.name == t.SPAN_GATEWAY_REQUEST])
+    assert roots[0].parent is None
+    assert dict(roots[0].attributes)["gen_ai.operation.name"] == "text_completion"
+    rid = uuid.UUID(resp.headers["x-request-id"].removeprefix("req-"))
+
+    def record():  # type: ignore[no-untyped-def]
+        with db.tenant(key.tenant_id) as uow:
+            rec = uow.session.get(m.RequestRecord, rid)
+            return rec and rec.trace_id
+
+    assert wait_for(record) == f"{roots[0].context.trace_id:032x}"
+
+
+def test_a_rate_limited_request_is_traced_as_refused(
+    traced_url: str, catalogue: Catalogue, make_tenant: MakeTenant, exporter: InMemorySpanExporter,
+) -> None:
+    key = make_tenant([catalogue.big], tenant_limits={"rpm": 1})
+    body = {"model": catalogue.big, "messages": [{"role": "user", "content": "x"}], "max_tokens": 2}
+    url = f"{traced_url}/v1/chat/completions"
+    assert httpx.post(url, headers=key.headers, json=body, timeout=30).status_code == 200
+    exporter.clear()
+    assert httpx.post(url, headers=key.headers, json=body, timeout=30).status_code == 429
+    root = wait_for(lambda: [s for s in exporter.get_finished_spans() if s.name == t.SPAN_GATEWAY_REQUEST])[0]
+    assert root.attributes["http.response.status_code"] == 429
+    rl = next(s for s in exporter.get_finished_spans() if s.name == t.SPAN_GATEWAY_RATELIMIT)
+    assert rl.attributes["baton.ratelimit.allowed"] is False
+
+
+def test_an_unreachable_collector_costs_only_the_spans(
+    gw_settings: Settings, catalogue: Catalogue, make_tenant: MakeTenant,
+) -> None:
+    from baton.api.app import create_app
+
+    settings = gw_settings.model_copy(update={"telemetry": TelemetrySettings(otlp_endpoint="http://127.0.0.1:9")})
+    key = make_tenant([catalogue.big])
+    with serve(create_app(settings, optional_routers=())) as url:
+        for stream in (False, True, False):
+            resp = httpx.post(f"{url}/v1/chat/completions", headers=key.headers, timeout=30, json={
+                "model": catalogue.big, "messages": [{"role": "user", "content": "x"}], "stream": stream,
+                "max_tokens": 2})
+            assert resp.status_code == 200
+
+
+def _outcome(**kw: object) -> Outcome:
+    return Outcome(request_id=uuid.uuid4(), tenant_id=uuid.uuid4(), api_key_id=None, model="m", endpoint="completions",
+                   stream=True, started=time.time(), start_pc=time.perf_counter(), **kw)  # type: ignore[arg-type]
+
+
+def test_recovery_steps_become_spans_in_the_requests_trace() -> None:
+    """A scripted outcome (gateway-side steps) and data-plane steps merged from facts."""
+    from baton.api.gateway import tracing as gw_tracing
+
+    exporter = InMemorySpanExporter()
+    tracing = t.setup_tracing(TelemetrySettings(), exporter=exporter, batch=False)
+    o = _outcome(deployment="d")
+    span = gw_tracing.start_request(tracing.tracer, traceparent=None, start_ns=int(o.started * 1e9),
+                                    request_id=o.request_id.hex, endpoint="completions", model="m",
+                                    tenant_id=o.tenant_id, key_id=None, stream=True)
+    o.trace_id, o.span_id = f"{span.get_span_context().trace_id:032x}", f"{span.get_span_context().span_id:016x}"
+    o.recovery_steps.append({"step": "decode_resume", "at_ms": 40.0, "duration_ms": 12.5, "outcome": "recovered",
+                             "detail": "upstream RemoteProtocolError"})
+    o.end_pc = o.start_pc + 0.1
+    gw_tracing.finish_request(tracing.tracer, span, o)
+    FactMerger(None, tracing.tracer).merge(o, {
+        "handoff": {"connector": "nixl", "kv_bytes": 131072, "transfer_ms": 3.5, "prompt_tokens": 100},
+        "recovery_steps": [{"step": "prefill_retry", "at_ms": 5, "duration_ms": 20, "outcome": "recovered",
+                            "detail": "prefill replica died"}]})
+    spans = {s.name: s for s in exporter.get_finished_spans()}
+    root = spans[t.SPAN_GATEWAY_REQUEST]
+    for name, at, dur in (("recovery.decode_resume", 40.0, 12.5), ("recovery.prefill_retry", 5, 20)):
+        s = spans[name]
+        assert s.context.trace_id == root.context.trace_id and s.parent.span_id == root.context.span_id
+        assert s.start_time == root.start_time + int(at * 1e6)
+        assert s.end_time - s.start_time == int(dur * 1e6)
+    assert (o.kv_bytes, o.handoff_ms) == (131072, 3.5)
+    assert [s["step"] for s in o.rows()[1]["recovery_steps"]] == ["decode_resume", "prefill_retry"]
+
+
+def test_facts_written_by_the_data_plane_reach_the_outcome(settings: Settings) -> None:
+    import asyncio
+
+    asyncio.run(_facts_round_trip(settings))
+
+
+async def _facts_round_trip(settings: Settings) -> None:
+    import os
+
+    import redis.asyncio as aioredis
+
+    from baton.dataplane import facts
+
+    o = _outcome(deployment="tiny-pd")
+    os.environ[facts.ENV_REDIS_URL] = settings.redis.url
+    facts._client = None
+    try:
+        await facts.record_fact(f"req-{o.request_id.hex}", "handoff", {"kv_bytes": 7, "transfer_ms": 1.25})
+        red = aioredis.Redis.from_url(settings.redis.url)
+        assert await red.ttl(fact_key(o.request_id.hex)) > 0
+        await FactMerger(red)([o])
+        await red.aclose()
+    finally:
+        del os.environ[facts.ENV_REDIS_URL]
+        if facts._client is not None:
+            await facts._client.aclose()
+        facts._client = None
+    assert (o.kv_bytes, o.handoff_ms, o.facts_merged) == (7, 1.25, True)
+    # Redis unreachable: no facts, no error.
+    down = aioredis.Redis.from_url("redis://127.0.0.1:9", socket_connect_timeout=0.2)
+    await FactMerger(down)([_outcome(deployment="x")])
+    await facts.record_fact("req-x", "handoff", {})  # no URL configured: nothing, no error
