@@ -12,6 +12,7 @@ placement keys in :data:`PLACEMENT_KEYS`; in aggregated mode the decode replica 
 
 from __future__ import annotations
 
+import zlib
 from typing import Any
 
 import pydantic
@@ -27,6 +28,16 @@ PLACEMENT_KEYS = ("cpus_per_replica", "accelerator_type", "env")
 
 def route_prefix(name: str) -> str:
     return f"/{name}"
+
+
+NIXL_PORT_FIRST = 20000
+NIXL_PORT_SLOTS = 200
+NIXL_PORTS_PER_DEPLOYMENT = 10  # one per prefill replica; the decode pool uses the same range + 2000
+
+
+def nixl_port_base(name: str) -> int:
+    """A NIXL side-channel port range of its own for each deployment sharing a host (stable per name)."""
+    return NIXL_PORT_FIRST + (zlib.crc32(name.encode()) % NIXL_PORT_SLOTS) * NIXL_PORTS_PER_DEPLOYMENT
 
 
 def deployment_spec(
@@ -58,7 +69,8 @@ def deployment_spec(
         "mode": mode,
         "device": dep.device_profile or "cpu",
         "engine": engine,
-        "kv": {"connector": dep.kv_connector or "none", "lmcache": dep.lmcache},
+        "kv": {"connector": dep.kv_connector or "none", "lmcache": dep.lmcache,
+               "nixl_port_base": nixl_port_base(dep.name)},
         "route_prefix": route_prefix(dep.name),
         **placement,
     }
