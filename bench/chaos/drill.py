@@ -89,7 +89,26 @@ class DrillConfig:
             if k in kinds:
                 kinds.remove(k)
                 front.append(k)
-        return front + kinds
+        return _interleave_pools(front + kinds)
+
+
+def _pool_key(kind: str) -> str | None:
+    return kind.rsplit("_", 1)[1] if kind.startswith(("kill_", "stop_")) else None
+
+
+def _interleave_pools(kinds: list[str]) -> list[str]:
+    """Reorders so that two replica faults on the same pool do not follow each other where avoidable:
+    while one pool's replacement starts, the next fault hits the other pool."""
+    rest = list(kinds)
+    out: list[str] = []
+    last: str | None = None
+    while rest:
+        pick = next((k for k in rest if _pool_key(k) is None or _pool_key(k) != last), rest[0])
+        rest.remove(pick)
+        out.append(pick)
+        if _pool_key(pick) is not None:
+            last = _pool_key(pick)
+    return out
 
 
 WORDS = (
