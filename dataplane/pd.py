@@ -56,7 +56,7 @@ class _RecordingBackend:
         self._handoffs.append(handoff)
         rt = dp_tracing.current.get()
         if rt is not None and prefill_response is not None:
-            rt.end_prefill(prefill_response, handoff["prompt_tokens"], handoff["remote_blocks"])
+            rt.end_prefill(prefill_response, handoff["prompt_tokens"], int(handoff["remote_blocks"] or 0))
             rt.start_decode(decode_request, {**handoff, "connector": "nixl"})
         return decode_request
 
@@ -78,9 +78,6 @@ class BatonPDDecodeServer(PDDecodeServer):
     _baton_shape_cache: dp_tracing.ModelShape | None
     _baton_replica_name: str
 
-    async def __init__(self, llm_config: Any, **kwargs: Any) -> None:  # type: ignore[misc]
-        await super().__init__(llm_config, **kwargs)
-        dp_tracing.tracing_from_env()  # once per replica: spans go to BATON_TELEMETRY__OTLP_ENDPOINT
 
     def _get_connector_backend(self) -> Any:
         cached = getattr(self, "_baton_backend", None)
@@ -159,7 +156,7 @@ class BatonPDDecodeServer(PDDecodeServer):
 
     def _baton_shape(self) -> dp_tracing.ModelShape | None:
         if not hasattr(self, "_baton_shape_cache"):
-            cfg = self._llm_config
+            cfg: Any = self._llm_config
             kwargs = cfg.engine_kwargs or {}
             gpu = any(b.get("GPU") for b in ((cfg.placement_group_config or {}).get("bundles") or []))
             # vLLM's default KV block: 128 tokens on the CPU backend, 16 on GPUs.

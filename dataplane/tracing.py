@@ -1,10 +1,11 @@
 """Data-plane spans of a P/D request: ``dataplane.prefill``, ``dataplane.kv_handoff``, ``dataplane.decode``.
 
 The decode server (:class:`baton.dataplane.pd.BatonPDDecodeServer`) sets tracing up once per replica
-from the env the renderer puts in the app's runtime env (``BATON_TELEMETRY__*``), continues the
-``traceparent`` the gateway sent (header ``traceparent``, carried by Ray Serve in the raw request
-info), and passes each span's own ``traceparent`` on: to the prefill replica (header, and
-``kv_transfer_params["baton.traceparent"]``), and to the decode engine (``kv_transfer_params``), so
+(on its first request, in the replica process) from the env the renderer puts in the app's runtime
+env (``BATON_TELEMETRY__*``), continues the ``traceparent`` the gateway sent (header ``traceparent``,
+carried by Ray Serve in the raw request info), and passes each span's own ``traceparent`` on: to the
+prefill replica (header, and ``kv_transfer_params["baton.traceparent"]``), and to the decode engine
+(header and ``kv_transfer_params``), so
 vLLM's own request spans (when started with ``otlp_traces_endpoint``) hang below Baton's.
 
 What the spans measure, from the orchestrator (honestly named):

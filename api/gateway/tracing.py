@@ -17,6 +17,7 @@ import uuid
 from typing import Any
 
 from opentelemetry import trace
+from opentelemetry.context import Context
 from opentelemetry.trace import SpanKind, Status, StatusCode
 
 from baton.api.gateway.metering import Outcome
@@ -60,7 +61,7 @@ def epoch_ns(outcome: Outcome, pc: float) -> int:
     return int(outcome.started * 1e9 + (pc - outcome.start_pc) * 1e9)
 
 
-def recovery_spans(tracer: trace.Tracer, parent: trace.Span | trace.Context | None, steps: list[dict[str, Any]],
+def recovery_spans(tracer: trace.Tracer, parent: trace.Span | Context | None, steps: list[dict[str, Any]],
                    request_start_ns: int) -> None:
     """One ``recovery.<step>`` span per recorded step (``at_ms`` from the request's start, ``duration_ms``)."""
     ctx = trace.set_span_in_context(parent) if isinstance(parent, trace.Span) else parent
