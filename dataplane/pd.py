@@ -92,8 +92,16 @@ class BatonPDDecodeServer(PDDecodeServer):
         return list(self._handoffs)
 
     async def _orchestrate(self, request: Any, raw_request_info: Any = None) -> AsyncGenerator[Any, None]:
-        """Prefill remotely, then decode locally. The recovery ladder wraps this generator."""
-        async for chunk in super()._pd_handle_request(request, raw_request_info):
+        """Prefill remotely (retried, else local prefill, else 503: `baton.dataplane.recovery`), then decode
+        locally."""
+        from ray.llm._internal.serve.core.server.llm_server import LLMServer
+
+        from baton.dataplane.recovery import orchestrate
+
+        def local(method: str, req: Any, raw: Any) -> Any:
+            return getattr(LLMServer, method)(self, req, raw)
+
+        async for chunk in orchestrate(self, request, raw_request_info, super()._pd_handle_request, local):
             yield chunk
 
     async def chat(self, request: Any, raw_request_info: Any = None) -> AsyncGenerator[Any, None]:

@@ -31,6 +31,15 @@ CPU_ENV: dict[str, str] = {
     "VLLM_CPU_OMP_THREADS_BIND": "nobind",
     "VLLM_ENABLE_V1_MULTIPROCESSING": "1",
 }
+# The prefill side of the recovery ladder (`baton.dataplane.recovery`); a spec's `env` overrides them.
+RECOVERY_ENV: dict[str, str] = {
+    "BATON_PREFILL_TIMEOUT_S": "10",
+    "BATON_PREFILL_ATTEMPTS": "3",
+    "BATON_PREFILL_BACKOFF_S": "0.2",
+    "BATON_LOCAL_PREFILL": "1",
+}
+# KV that fails to load (missing or partial blocks) is recomputed, never decoded on (vLLM's default: fail).
+KV_LOAD_FAILURE_POLICY = "recompute"
 GPU_ENV: dict[str, str] = {
     "HF_HUB_OFFLINE": "1",
     "TRANSFORMERS_OFFLINE": "1",
@@ -67,6 +76,7 @@ def engine_env(spec: DeploymentSpec) -> dict[str, str]:
         if float(gib).is_integer():
             env["VLLM_CPU_KVCACHE_SPACE"] = str(int(gib))
     env.update(telemetry_env(spec))
+    env.update(RECOVERY_ENV)
     env.update(spec.env)
     return env
 
@@ -147,6 +157,8 @@ def kv_transfer_config(spec: DeploymentSpec, role: Role) -> dict[str, Any] | Non
         )
     if not connectors:
         return None
+    for c in connectors:
+        c["kv_load_failure_policy"] = KV_LOAD_FAILURE_POLICY
     if len(connectors) == 1:
         return connectors[0]
     # Prefill and decode must list the same connectors in the same order (NIXL compatibility hash).
@@ -154,6 +166,7 @@ def kv_transfer_config(spec: DeploymentSpec, role: Role) -> dict[str, Any] | Non
         "kv_connector": "MultiConnector",
         "kv_role": "kv_both",
         "kv_buffer_device": connectors[0].get("kv_buffer_device", "cpu"),
+        "kv_load_failure_policy": KV_LOAD_FAILURE_POLICY,
         "kv_connector_extra_config": {"connectors": connectors},
     }
 

@@ -29,6 +29,7 @@ def build_gateway(
     from baton.api.gateway.principals import InvalidationListener, PrincipalCache, load_principal
     from baton.api.gateway.proxy import new_client
     from baton.api.gateway.ratelimit import RateLimiter
+    from baton.api.gateway.resume import ResumePolicy
     from baton.api.gateway.routing import ChainRouter, DeploymentRouter, StaticRouter
     from baton.api.gateway.service import Gateway
 
@@ -49,5 +50,7 @@ def build_gateway(
         router=router,
         client=http_client or new_client(timeout_s=g.upstream_timeout_s, max_connections=g.upstream_max_connections),
         default_completion_budget=g.default_completion_budget,
+        resume=ResumePolicy(attempts=g.resume_attempts, budget_s=g.resume_budget_s, backoff_s=g.resume_backoff_s)
+        if g.resume else None,
         tracing=tracing,
     )

@@ -40,6 +40,8 @@ from baton.api.gateway.ratelimit import (
     RateLimiter,
     retry_after_header,
 )
+from baton.api.gateway.resume import RETRY_STATUSES, Opener, ResumePolicy, ResumingRelay, open_with_retry, resumable
+from baton.api.gateway.resume import STEP as RESUME_STEP
 from baton.api.gateway.routing import Router
 from baton.api.gateway.schemas import MAX_N, SERVER_FIELDS
 from baton.api.gateway.tokens import PromptCounter
@@ -112,6 +114,7 @@ class Gateway:
         client: httpx.AsyncClient,
         prompts: PromptCounter | None = None,
         default_completion_budget: int = 1024,
+        resume: ResumePolicy | None = None,
         tracing: t.Tracing | None = None,
     ) -> None:
         self.principals = principals
@@ -124,6 +127,7 @@ class Gateway:
         self.default_completion_budget = default_completion_budget
         #: None when tracing is off: then the hot path creates no span at all.
         self.tracer = tracing.tracer if tracing is not None and tracing.provider is not None else None
+        self.resume = resume  # None: no retries, a broken stream ends with an SSE error
 
     async def start(self) -> None:
         await self.meter.start()
@@ -206,6 +210,10 @@ class Gateway:
             if upstream is None:
                 raise ModelNotAvailableError(f"The model `{call.grant.name}` is not being served right now.",
                                              headers={"retry-after": "5"})
+            can_resume = self.resume is not None and call.stream and resumable(call.endpoint, call.payload)
+            client_ids = bool(call.payload.get("return_token_ids"))
+            if can_resume:
+                call.payload["return_token_ids"] = True
             body, client_usage = upstream_body(call, principal.cache_salt)
             rl_start = time.time_ns() if tracer is not None else 0
             decision = await self.limiter.admit(rid, principal.limit_scopes,
@@ -237,17 +245,27 @@ class Gateway:
             outcome.span = span
             outcome.span_id = tp[36:52]
         headers = {"x-request-id": f"req-{rid}", **decision.headers}
-        request = self.client.build_request("POST", f"{upstream.base_url}/{call.endpoint}", content=body,
-                                            headers=upstream_headers(rid, tp, stream=call.stream))
+        sent_headers = upstream_headers(rid, tp, stream=call.stream)
+
+        async def opener(endpoint: str, content: bytes) -> httpx.Response:
+            req = self.client.build_request("POST", f"{upstream.base_url}/{endpoint}", content=content,
+                                            headers=sent_headers)
+            return await self.client.send(req, stream=call.stream)
+
+        policy = self.resume
+        deadline = time.monotonic() + (policy.budget_s if policy is not None else 0.0)
+        tries = [0]
         try:
-            response = await self.client.send(request, stream=call.stream)
-        except httpx.HTTPError as exc:
-            err = transport_error(exc)
-            self._end(outcome, lease, m.RequestStatus.FAILED, err.status, err.code)
-            raise err from None
+            response, open_exc = await self._open(opener, call.endpoint, body, outcome, policy=policy,
+                                               deadline=deadline, tries=tries)
         except BaseException:
             self._end(outcome, lease, m.RequestStatus.CANCELLED, 499, "client_disconnected")
             raise
+        if response is None:
+            err = (transport_error(open_exc) if open_exc is not None
+                   else errors.UpstreamError("The model failed to answer. Try again."))
+            self._end(outcome, lease, m.RequestStatus.FAILED, err.status, err.code)
+            raise err from None
 
         if response.status_code != 200:
             try:
@@ -260,6 +278,11 @@ class Gateway:
             self._end(outcome, lease, m.RequestStatus.FAILED, err.status, err.code)
             raise err
 
+        if call.stream and can_resume and policy is not None:
+            return ResumingRelay(response, outcome, strip_usage=not client_usage, headers=sse_headers(headers),
+                                 done=lambda o: self._finish(o, lease), opener=opener, endpoint=call.endpoint,
+                                 payload=call.payload, original_body=body, client_ids=client_ids, policy=policy,
+                                 deadline=deadline, tries=tries)
         if call.stream:
             return SSERelay(response, outcome, strip_usage=not client_usage, headers=sse_headers(headers),
                             done=lambda o: self._finish(o, lease))
@@ -274,6 +297,31 @@ class Gateway:
         outcome.end_pc = outcome.first_token = time.perf_counter()
         self._finish(outcome, lease)
         return Response(content, status_code=200, headers=headers, media_type="application/json")
+
+    async def _open(self, opener: Opener, endpoint: str, body: bytes, outcome: Outcome, *,
+                    policy: ResumePolicy | None, deadline: float,
+                    tries: list[int]) -> tuple[httpx.Response | None, httpx.HTTPError | None]:
+        """The first upstream call; with a policy, transport errors and 5xx are retried (nothing was sent)."""
+        try:
+            response = await opener(endpoint, body)
+        except httpx.HTTPError as exc:
+            if policy is None:
+                return None, exc
+            why = f"upstream {type(exc).__name__}"
+            failed: httpx.HTTPError | None = exc
+        else:
+            if policy is None or response.status_code not in RETRY_STATUSES:
+                return response, None
+            why = f"upstream status {response.status_code}"
+            failed = None
+            await response.aclose()
+        t0 = time.perf_counter()
+        retried, more = await open_with_retry(opener, endpoint, body, policy=policy, deadline=deadline, tries=tries)
+        outcome.step(RESUME_STEP, t0, "failed" if retried is None else "recovered",
+                     f"{why}; {more or 'retried before the first token'}")
+        if retried is None and failed is None:  # answer with the upstream's own (5xx) reply
+            return await opener(endpoint, body), None
+        return retried, failed
 
     def _end(self, outcome: Outcome, lease: Lease | None, status: m.RequestStatus, http_status: int,
              code: str | None) -> None:

@@ -267,7 +267,7 @@ def test_token_ids_stay_when_the_client_asked_for_them(upstream: str) -> None:
 
 def test_usage_is_not_sent_to_a_client_that_did_not_ask(upstream: str) -> None:
     SCRIPT.append(("drop", 4))
-    events, raw, o = asyncio.run(_relay(upstream, "completions", COMPLETION, client_usage=False))
+    _events, raw, o = asyncio.run(_relay(upstream, "completions", COMPLETION, client_usage=False))
     assert b"usage" not in raw and o.completion_tokens == 10
 
 

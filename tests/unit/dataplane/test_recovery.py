@@ -1,0 +1,180 @@
+"""The prefill side of the recovery ladder (`baton.dataplane.recovery.orchestrate`) and what the
+renderer sets for it. The Ray handle here is a fake with the calls the orchestrator makes
+(`.remote(...)` -> an async iterator with `cancel()`); the real stack runs in tests/e2e."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import pytest
+
+pytest.importorskip("ray")
+
+from ray.llm._internal.serve.core.configs.openai_api_models import CompletionRequest, ErrorResponse
+
+from baton.dataplane import recovery
+from baton.dataplane.recovery import PrefillPolicy, orchestrate
+from baton.dataplane.render import kv_transfer_config, render_llm_config
+from baton.dataplane.spec import DeploymentSpec
+
+FAST = PrefillPolicy(timeout_s=0.2, attempts=3, backoff_s=0.0)
+
+
+class _Gen:
+    def __init__(self, behaviour: str) -> None:
+        self.behaviour = behaviour
+        self.cancelled = False
+
+    def __aiter__(self) -> _Gen:
+        return self
+
+    async def __anext__(self) -> Any:
+        if self.behaviour == "die":
+            raise RuntimeError("ActorDiedError")  # what a dead replica's call raises (any exception)
+        if self.behaviour == "hang":
+            await asyncio.Event().wait()
+        if self.behaviour == "503":
+            return recovery.unavailable("engine dead")
+        if self.behaviour == "400":
+            from vllm.entrypoints.serve.engine.protocol import ErrorInfo
+
+            return ErrorResponse(error=ErrorInfo(message="bad", type="BadRequestError", code=400))
+        return {"prefilled": True}
+
+    def cancel(self) -> None:
+        self.cancelled = True
+
+
+class _Method:
+    def __init__(self, script: list[str]) -> None:
+        self.script = script
+        self.calls: list[_Gen] = []
+
+    def remote(self, request: Any, raw: Any) -> _Gen:
+        gen = _Gen(self.script.pop(0) if self.script else "ok")
+        self.calls.append(gen)
+        return gen
+
+
+class _Backend:
+    requires_peer_binding = False
+    concurrent_handoff = False
+
+    def prepare_prefill_request(self, *, request: Any, peer: Any) -> Any:
+        return request
+
+    def prepare_decode_request(self, *, request: Any, peer: Any, prefill_response: Any) -> Any:
+        return ("decode-with-remote-kv", request)
+
+
+class _Server:
+    def __init__(self, script: list[str]) -> None:
+        self.method = _Method(script)
+        self._prefill_handle = type("H", (), {"completions": self.method, "options": lambda s, **k: s})()
+
+    def _get_connector_backend(self) -> _Backend:
+        return _Backend()
+
+    def _request_prefill_token_ids(self, request: Any) -> None:
+        pass
+
+    def _decode_reuse_ids(self, chunk: Any) -> None:
+        return None
+
+
+async def _fallback(request: Any, raw: Any):  # type: ignore[no-untyped-def]
+    raise AssertionError("Ray's flow is not used for the default connector path")
+    yield
+
+
+def _run(script: list[str], policy: PrefillPolicy = FAST) -> tuple[list[Any], list[Any], _Server, list[dict]]:
+    server = _Server(script)
+    decoded: list[Any] = []
+    facts: list[dict] = []
+
+    async def local(method: str, req: Any, raw: Any):  # type: ignore[no-untyped-def]
+        decoded.append(req)
+
+        async def gen():  # type: ignore[no-untyped-def]
+            yield "tok-1"
+            yield "tok-2"
+
+        return gen()
+
+    async def record(rid: Any, field: str, value: Any) -> None:
+        facts.append({"id": rid, field: list(value)})
+
+    request = CompletionRequest(model="m", prompt="hi", max_tokens=4)
+    raw = type("Raw", (), {"headers": {"x-request-id": "abc123"}})()
+
+    async def main() -> list[Any]:
+        return [c async for c in orchestrate(server, request, raw, _fallback, local, policy=policy)]
+
+    original = recovery.record_fact
+    recovery.record_fact = record  # type: ignore[assignment]
+    try:
+        out = asyncio.run(main())
+    finally:
+        recovery.record_fact = original  # type: ignore[assignment]
+    return out, decoded, server, facts
+
+
+def _steps(facts: list[dict]) -> list[tuple[str, str]]:
+    return [(s["step"], s["outcome"]) for s in facts[-1]["recovery_steps"]] if facts else []
+
+
+def test_a_healthy_prefill_takes_no_step() -> None:
+    out, decoded, server, facts = _run([])
+    assert out == ["tok-1", "tok-2"] and decoded[0][0] == "decode-with-remote-kv"
+    assert len(server.method.calls) == 1 and facts == []
+
+
+@pytest.mark.parametrize("failure", ["die", "hang", "503"])
+def test_a_failed_or_silent_prefill_is_retried(failure: str) -> None:
+    out, decoded, server, facts = _run([failure])
+    assert out == ["tok-1", "tok-2"] and decoded[0][0] == "decode-with-remote-kv"
+    assert len(server.method.calls) == 2 and server.method.calls[0].cancelled
+    assert _steps(facts) == [("prefill_retry", "recovered")] and facts[0]["id"] == "abc123"
+
+
+def test_when_every_prefill_fails_the_decode_side_prefills_locally() -> None:
+    out, decoded, _server, facts = _run(["die", "hang", "503"])
+    assert out == ["tok-1", "tok-2"]
+    assert not isinstance(decoded[0], tuple)  # the original request, no remote KV params
+    assert _steps(facts) == [("prefill_retry", "failed"), ("prefill_retry", "failed"), ("local_prefill", "recovered")]
+
+
+def test_without_local_prefill_the_ladder_ends_in_503() -> None:
+    out, decoded, _, facts = _run(["die"] * 3, PrefillPolicy(timeout_s=0.2, attempts=3, backoff_s=0,
+                                                              local_prefill=False))
+    assert len(out) == 1 and isinstance(out[0], ErrorResponse) and out[0].error.code == 503 and decoded == []
+    assert _steps(facts)[-1] == ("local_prefill", "failed")
+
+
+def test_a_client_error_from_prefill_is_not_retried() -> None:
+    out, decoded, server, _ = _run(["400"])
+    assert out[0].error.code == 400 and len(server.method.calls) == 1 and decoded == []
+
+
+def test_policy_from_env() -> None:
+    p = PrefillPolicy.from_env({"BATON_PREFILL_TIMEOUT_S": "2.5", "BATON_PREFILL_ATTEMPTS": "5",
+                                "BATON_LOCAL_PREFILL": "0", "BATON_PREFILL_BACKOFF_S": "junk"})
+    assert (p.timeout_s, p.attempts, p.local_prefill, p.backoff_s) == (2.5, 5, False, 0.2)
+
+
+def _spec(**kv: Any) -> DeploymentSpec:
+    return DeploymentSpec(name="d", model={"path": "/m", "served_name": "m"}, mode="pd", kv=kv)
+
+
+def test_kv_load_failures_recompute_on_every_connector() -> None:
+    from vllm.config.kv_transfer import KVTransferConfig
+
+    nixl = kv_transfer_config(_spec(connector="nixl"), "decode")
+    both = kv_transfer_config(_spec(connector="nixl", lmcache={"local_cpu_gib": 0.25}), "prefill")
+    assert nixl is not None and both is not None
+    assert nixl["kv_load_failure_policy"] == "recompute" and both["kv_load_failure_policy"] == "recompute"
+    assert all(c["kv_load_failure_policy"] == "recompute" for c in both["kv_connector_extra_config"]["connectors"])
+    assert KVTransferConfig(**both).kv_load_failure_policy == "recompute"  # vLLM accepts the rendered config
+    env = render_llm_config(_spec(connector="nixl"), "decode")["runtime_env"]["env_vars"]
+    assert env["BATON_PREFILL_TIMEOUT_S"] and env["BATON_LOCAL_PREFILL"] == "1"
