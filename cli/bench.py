@@ -395,3 +395,29 @@ def _print_pd(res: dict[str, Any]) -> None:
                          f"TTFT p{res['config']['slo_percentile']:g} {_fmt(at.get('ttft_ms'), 0)} ms, TPOT "
                          f"{_fmt(at.get('tpot_ms'), 1)} ms, ok={at.get('ok')}")
         console.print(f"  rate {row['request_rate']:g}: predicts {row['recommended']}; " + "; ".join(parts))
+
+
+@app.command()
+def recovery(  # noqa: PLR0917 - typer options
+    prompt_len: Annotated[int, typer.Option("--prompt-len", help="Prompt tokens (256-token tier chunks).")] = 1024,
+    max_tokens: Annotated[int, typer.Option("--max-tokens")] = 48,
+    kill_after: Annotated[int, typer.Option("--kill-after", help="Tokens at the client before the kill.")] = 8,
+    repeats: Annotated[int, typer.Option("--repeats", help="Kills per arm (each restarts an engine).")] = 2,
+    seed: Annotated[int, typer.Option("--seed")] = 0,
+    out: OutOpt = None,
+) -> None:
+    """Decode-failure recovery: SIGKILL the serving engine mid-stream, time to the next token at the client
+    (the gateway's resume), with and without an LMCache tier hit, next to a fresh request's TTFT."""
+    from baton.bench import report
+    from baton.bench.recovery import RecoveryConfig, run_recovery
+
+    cfg = RecoveryConfig(prompt_len=prompt_len, max_tokens=max_tokens, kill_after=kill_after, repeats=repeats,
+                         seed=seed)
+    with _progress() as factory:
+        result = run_recovery(cfg, log=typer.echo, progress=factory)
+    path = report.write_json(_out_path(out, "recovery"), result)
+    for arm, r in result["arms"].items():
+        typer.echo(f"{arm}: recovery {_fmt(r['recovery_ms_median'], 1)} ms (median), fresh TTFT "
+                   f"{_fmt(r['fresh_ttft_ms_median'], 1)} ms, ratio {_fmt(r['ratio_median'], 2)}, all completed "
+                   f"{r['all_completed']}, text = undisturbed {r['all_equal_undisturbed']}")
+    typer.echo(f"results: {path}")
