@@ -33,6 +33,8 @@ def run(  # noqa: PLR0917 - typer options
     max_tokens: Annotated[int, typer.Option("--max-tokens", min=2, help="Tokens per answer (ignore_eos).")] = 48,
     gap_min: Annotated[float, typer.Option("--gap-min", help="Least seconds between faults.")] = 4.0,
     gap_max: Annotated[float, typer.Option("--gap-max", help="Most seconds between faults.")] = 15.0,
+    overlap: Annotated[bool, typer.Option(
+        "--overlap", help="Fire replica faults while a pool's replacement is still starting.")] = False,
     tier_down_whole_run: Annotated[bool, typer.Option(
         "--tier-down-whole-run", help="Keep the LMCache Redis tier down for the whole run.")] = False,
     prefill: Annotated[int, typer.Option("--prefill", min=1, help="Prefill replicas.")] = 2,
@@ -66,7 +68,7 @@ def run(  # noqa: PLR0917 - typer options
     cfg = DrillConfig(kills=kills, stalls=kills // 5 if stalls is None else stalls, tier_downs=tier_downs,
                       drops=kills // 4 if drops is None else drops, seed=seed, duration_s=duration,
                       concurrency=concurrency, max_tokens=max_tokens, gap_s=(gap_min, max(gap_min, gap_max)),
-                      tier_down_whole_run=tier_down_whole_run)
+                      tier_down_whole_run=tier_down_whole_run, overlap=overlap)
 
     def log(msg: str) -> None:
         err.print(f"[dim]chaos[/dim] {msg}")

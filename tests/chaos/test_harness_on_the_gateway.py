@@ -58,8 +58,8 @@ def endpoint(settings, db, tmp_path_factory: pytest.TempPathFactory) -> Iterator
 def test_drops_are_cancelled_and_everything_is_metered(endpoint) -> None:
     from baton.bench.chaos.drill import DrillConfig, run_drill
 
-    cfg = DrillConfig(kills=0, stalls=0, tier_downs=0, drops=3, prompts=3, concurrency=3, max_tokens=24,
-                      gap_s=(0.3, 0.8), duration_s=3, tail_s=1, extra_body={"stub_token_delay": 0.02})
+    cfg = DrillConfig(kills=0, stalls=0, tier_downs=0, drops=3, prompts=3, concurrency=3, max_tokens=40,
+                      gap_s=(0.3, 0.8), duration_s=3, tail_s=1, extra_body={"stub_token_delay": 0.05})
     result = run_drill(endpoint, cfg, log=lambda _m: None)
     assert result["faults_fired"] == {"drop": 3}, result["faults"]
     assert result["cancelled"] == 3
