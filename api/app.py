@@ -13,7 +13,7 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
 
-from fastapi import FastAPI
+from fastapi import FastAPI, Response
 
 from baton.api.errors import install_error_handlers
 from baton.core.db import Database
@@ -79,7 +79,7 @@ def create_app(
         own_tracing = tracing is None
         tracer = tracing or setup_tracing(settings.telemetry)
         gateway = build_gateway(settings, db=database, redis=red, router=router, http_client=http_client,
-                                tracing=tracer)
+                                tracing=tracer, metrics=metrics)
         app.state.tracing = tracer
         app.state.settings = settings
         app.state.db = database
@@ -110,6 +110,14 @@ def create_app(
     from baton.api.gateway.routes import router as gateway_router
 
     app.include_router(gateway_router)
+
+    from baton.api.gateway.metrics import CONTENT_TYPE, GatewayMetrics
+
+    metrics = GatewayMetrics()
+
+    @app.get("/metrics", include_in_schema=False)
+    async def prometheus_metrics() -> Response:
+        return Response(metrics.exposition(), media_type=CONTENT_TYPE)
 
     @app.get("/healthz", include_in_schema=False)
     async def healthz() -> dict[str, str]:

@@ -183,7 +183,7 @@ class Admin:
         r = self.http.get(path, params={"limit": 200})
         r.raise_for_status()
         body = r.json()
-        items = body.get("items", body) if isinstance(body, dict) else body
+        items = body["data"]
         return next((i for i in items if all(i.get(k) == v for k, v in match.items())), None)
 
     def ensure(self, path: str, body: dict[str, object], **match: str) -> dict[str, object]:

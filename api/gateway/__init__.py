@@ -20,6 +20,7 @@ def build_gateway(
     router: Any = None,
     http_client: Any = None,
     tracing: Any = None,
+    metrics: Any = None,
 ) -> Any:
     """A ready-to-start :class:`~baton.api.gateway.service.Gateway` (``redis``: ``redis.asyncio.Redis``)."""
     from functools import partial
@@ -46,11 +47,13 @@ def build_gateway(
         limiter=RateLimiter(redis, lease_s=g.ratelimit_lease_s, fail_open=g.ratelimit_fail_open),
         meter=UsageMeter(db, batch_size=g.usage_batch_size, flush_interval=g.usage_flush_interval_s,
                          max_buffer=g.usage_buffer_max,
-                         enrich=FactMerger(redis, tracing.tracer if tracing and tracing.provider else None)),
+                         enrich=FactMerger(redis, tracing.tracer if tracing and tracing.provider else None),
+                         observe=metrics.observe if metrics is not None else None),
         router=router,
         client=http_client or new_client(timeout_s=g.upstream_timeout_s, max_connections=g.upstream_max_connections),
         default_completion_budget=g.default_completion_budget,
         resume=ResumePolicy(attempts=g.resume_attempts, budget_s=g.resume_budget_s, backoff_s=g.resume_backoff_s)
         if g.resume else None,
         tracing=tracing,
+        metrics=metrics,
     )

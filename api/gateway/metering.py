@@ -129,11 +129,13 @@ class UsageMeter:
         max_buffer: int = 100_000,
         max_backoff: float = 5.0,
         enrich: Any = None,
+        observe: Any = None,
     ) -> None:
         """``enrich``: ``async (outcomes) -> None`` run on each batch before it is written (data-plane
         facts); its failures only cost what it would have added."""
         self._db = db
         self._enrich = enrich
+        self._observe = observe  # ``(outcome) -> None``, once per written outcome (metrics)
         self._batch = batch_size
         self._interval = flush_interval
         self._max = max_buffer
@@ -198,6 +200,12 @@ class UsageMeter:
         for _ in range(len(batch)):
             self._buffer.popleft()
         self.written += written
+        if self._observe is not None:
+            for outcome in batch:
+                try:
+                    self._observe(outcome)
+                except Exception as exc:  # metrics never cost a record
+                    log.debug("metrics not observed (%s)", type(exc).__name__)
         return True
 
     async def _run(self) -> None:

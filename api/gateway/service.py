@@ -22,6 +22,7 @@ from starlette.responses import Response
 
 from baton.api.gateway import tracing as gw_tracing
 from baton.api.gateway.metering import Outcome, UsageMeter
+from baton.api.gateway.metrics import GatewayMetrics
 from baton.api.gateway.principals import InvalidationListener, ModelGrant, Principal, PrincipalCache
 from baton.api.gateway.proxy import (
     SSERelay,
@@ -116,6 +117,7 @@ class Gateway:
         default_completion_budget: int = 1024,
         resume: ResumePolicy | None = None,
         tracing: t.Tracing | None = None,
+        metrics: GatewayMetrics | None = None,
     ) -> None:
         self.principals = principals
         self.listener = listener
@@ -125,6 +127,7 @@ class Gateway:
         self.client = client
         self.prompts = prompts or PromptCounter()
         self.default_completion_budget = default_completion_budget
+        self.metrics = metrics
         #: None when tracing is off: then the hot path creates no span at all.
         self.tracer = tracing.tracer if tracing is not None and tracing.provider is not None else None
         self.resume = resume  # None: no retries, a broken stream ends with an SSE error
@@ -228,6 +231,8 @@ class Gateway:
                 gw_tracing.rejected(span, exc)
             raise
         lease = decision.lease
+        if self.metrics is not None:
+            self.metrics.admitted(call.grant.name)
         if span is None:
             tp, trace_id = trace_context(traceparent)
         else:
@@ -334,6 +339,8 @@ class Gateway:
     def _finish(self, outcome: Outcome, lease: Lease | None) -> None:
         """The one end of every admitted request: meter it, correct and release its lease, end its span."""
         self.meter.record(outcome)
+        if self.metrics is not None:
+            self.metrics.finished(outcome.model)
         actual = outcome.prompt_tokens + outcome.completion_tokens if outcome.metered else 0
         self.limiter.finish(lease, actual)
         span = outcome.span
