@@ -266,6 +266,7 @@ class Injector:
         self.rng = random.Random(cfg.seed + 1)
         self.faults: list[FaultRecord] = []
         self.background: list[asyncio.Task[None]] = []
+        self.pools_healthy_at_end: dict[str, bool] = {}
         self.serve = None
         if ep.dashboard_url:
             from pathlib import Path
@@ -351,7 +352,7 @@ class Injector:
         pools: tuple[Pool, ...] = ("prefill", "decode")
         for p in pools:  # every pool back at full strength before the load ends
             if self.ep.pools.get(p):
-                await self.wait_healthy(p, self.cfg.replace_timeout_s)
+                self.pools_healthy_at_end[p] = await self.wait_healthy(p, self.cfg.replace_timeout_s)
 
     async def _fire(self, kind: str, pool: Pool | None) -> FaultRecord:
         if kind == "drop":
@@ -368,9 +369,10 @@ class Injector:
         if kind.startswith("kill"):
             f = self._new(kind, f"{rep.deployment} pid {rep.pid}")
             f.pids = list(rep.tree)
+            before = {r.pid for r in reps}
             f.fired, f.evidence = await asyncio.to_thread(kill_replica, rep)
             if f.fired:
-                self.background.append(asyncio.create_task(self._watch_replacement(f, rep)))
+                self.background.append(asyncio.create_task(self._watch_replacement(f, rep, before)))
             return f
         f = self._new(kind, f"{rep.deployment} pid {rep.pid}")
         f.fired, pids, f.evidence = await asyncio.to_thread(stop_replica, rep)
@@ -389,12 +391,15 @@ class Injector:
         f.evidence += "; replica kept" if rep.pid in alive else "; replica replaced by Ray"
         del start
 
-    async def _watch_replacement(self, f: FaultRecord, rep: Replica) -> None:
+    async def _watch_replacement(self, f: FaultRecord, rep: Replica, before: set[int]) -> None:
+        """Recovered once Ray runs a new replica process in the pool (with ``overlap``) or, otherwise, once
+        the pool is whole and Serve reports it healthy again."""
         deadline = time.monotonic() + self.cfg.replace_timeout_s
         while time.monotonic() < deadline:
             reps = await asyncio.to_thread(self.finder.pool, rep.pool)
-            if (rep.pid not in {r.pid for r in reps} and len(reps) >= self.ep.pools.get(rep.pool, 1)
-                    and await asyncio.to_thread(self._healthy, rep.pool)):
+            pids = {r.pid for r in reps}
+            replaced = rep.pid not in pids and bool(pids - before) and len(reps) >= self.ep.pools.get(rep.pool, 1)
+            if replaced and (self.cfg.overlap or await asyncio.to_thread(self._healthy, rep.pool)):
                 f.recovered = True
                 f.recovery_s = round(time.monotonic() - f.t_mono, 2)
                 return
@@ -641,6 +646,7 @@ async def _drill(ep: Endpoint, cfg: DrillConfig, log: Log, progress: Progress | 
         "kills_fired": fired["kill_decode"] + fired["kill_prefill"],
         "faults_not_fired": len(not_fired),
         "faults_not_recovered": len(not_recovered),
+        "pools_healthy_at_end": injector.pools_healthy_at_end,
         "usage_records_ok": bool(db_checks.get("usage_records_ok", False)),
         "record_states_ok": bool(db_checks.get("record_states_ok", False)),
         "postgres": db_checks,
@@ -687,7 +693,7 @@ def invariants(r: dict[str, Any], cfg: DrillConfig) -> dict[str, bool]:
         "one_usage_record_per_request": r["usage_records_ok"],
         "request_records_match": r["record_states_ok"],
         "every_fault_fired": r["faults_not_fired"] == 0,
-        "every_fault_recovered": r["faults_not_recovered"] == 0,
+        "every_fault_recovered": r["faults_not_recovered"] == 0 and all(r["pools_healthy_at_end"].values()),
     }
     if cfg.tier_down_whole_run:
         inv["tier_down_whole_run_no_errors"] = (r["failed"] == 0 and r["lost"] == 0
