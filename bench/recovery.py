@@ -30,7 +30,7 @@ import statistics
 import subprocess
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, MutableMapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -116,11 +116,11 @@ async def relay_stream(pick: Callable[[], str], endpoint: str, payload: dict[str
         pieces: list[str] = []
         chunks: list[bytes] = []
 
-        async def receive() -> dict[str, Any]:
+        async def receive() -> MutableMapping[str, Any]:
             await asyncio.Event().wait()
             return {}
 
-        async def send(message: dict[str, Any]) -> None:
+        async def send(message: MutableMapping[str, Any]) -> None:
             data = message.get("body") or b""
             chunks.append(data)
             got = _texts(data, chat)
@@ -260,9 +260,11 @@ def run_recovery(cfg: RecoveryConfig, *, log: Log = print,
                 with contextlib.suppress(Exception):
                     proc.popen.wait(10)  # type: ignore[union-attr]
                 ext = _metric(surl, BY_SOURCE, source="external_kv_transfer") - ext0
-                fresh = asyncio.run(relay_stream(lambda surl=surl: surl, "completions",
-                                                 {**payload, "prompt": prompt()}))
-                again = asyncio.run(relay_stream(lambda surl=surl: surl, "completions", payload))
+                def at_survivor(surl: str = surl) -> str:
+                    return surl
+
+                fresh = asyncio.run(relay_stream(at_survivor, "completions", {**payload, "prompt": prompt()}))
+                again = asyncio.run(relay_stream(at_survivor, "completions", payload))
                 trial = {
                     "arm": arm, "repeat": rep, "killed": serving, "resumed_on": survivor,
                     "recovery_ms": run.recovery_ms, "fresh_ttft_ms": fresh.ttft_ms,

@@ -61,7 +61,7 @@ class PrefillPolicy:
 
     def delay(self, attempt: int) -> float:
         """Wait before attempt ``attempt`` (2-based: the first retry waits ``backoff_s``)."""
-        return min(self.backoff_s * 2 ** (attempt - 2), 5.0)
+        return float(min(self.backoff_s * 2.0 ** (attempt - 2), 5.0))
 
 
 class Steps:
