@@ -134,6 +134,7 @@ def serve_cluster() -> Iterator[ServeCluster]:
     metrics_port = _free_port()
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     ray.init(
+        address="local",  # always a cluster of our own, even when another head runs on this host
         num_cpus=8,
         _node_ip_address="127.0.0.1",
         include_dashboard=False,
