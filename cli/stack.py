@@ -65,6 +65,15 @@ def ensure_env_file(state_dir: Path) -> tuple[Path, str | None]:
     return path, admin
 
 
+def load_env_file(path: Path) -> None:
+    """Puts the file's settings into this process's environment (what is already set wins), so every
+    process ``up`` starts shares the same secrets."""
+    for line in path.read_text().splitlines():
+        name, sep, value = line.partition("=")
+        if sep and not name.lstrip().startswith("#"):
+            os.environ.setdefault(name.strip(), value.strip())
+
+
 # --- background processes -------------------------------------------------------------------------------
 
 class Processes:
@@ -147,25 +156,19 @@ def ray_head_running(settings: Settings) -> bool:
     return _http_ok(f"{settings.ray.dashboard_url}/api/version")
 
 
-def start_ray_head(settings: Settings) -> None:
+def start_ray_head(settings: Settings, procs: Processes) -> None:
+    """A loopback-only Ray head in its own process group (``ray start --block``), so ``down`` stops exactly
+    this head and never another Ray on the same machine."""
     if ray_head_running(settings):
         return
     port = settings.ray.address.rsplit(":", 1)[-1]
     dash_port = settings.ray.dashboard_url.rsplit(":", 1)[-1]
-    subprocess.run(
-        [
-            _bin("ray"), "start", "--head", "--node-ip-address", "127.0.0.1", "--port", port,
-            "--dashboard-host", "127.0.0.1", "--dashboard-port", dash_port,
-            "--num-cpus", str(settings.ray.num_cpus), "--disable-usage-stats",
-        ],
-        check=True, env={**os.environ, **LOOPBACK_ENV}, stdout=subprocess.DEVNULL,
-    )
-    wait_for("Ray dashboard", lambda: ray_head_running(settings), 120)
-
-
-def stop_ray_head() -> None:
-    subprocess.run([_bin("ray"), "stop", "--force"], check=False, stdout=subprocess.DEVNULL,
-                   stderr=subprocess.DEVNULL)
+    procs.start("ray", [
+        _bin("ray"), "start", "--head", "--block", "--node-ip-address", "127.0.0.1", "--port", port,
+        "--dashboard-host", "127.0.0.1", "--dashboard-port", dash_port,
+        "--num-cpus", str(settings.ray.num_cpus), "--disable-usage-stats",
+    ], env=LOOPBACK_ENV)
+    wait_for("Ray dashboard", lambda: ray_head_running(settings), 180)
 
 
 # --- catalogue through the admin API ---------------------------------------------------------------------
@@ -214,7 +217,9 @@ def ensure_catalogue(admin: Admin, model_dir: Path, redis_url: str) -> tuple[dic
         "kv_connector": "nixl", "lmcache": {"redis_url": redis_url, "local_cpu_gib": 0.25},
     }, name=DEMO_DEPLOYMENT)
     tenant = admin.ensure("/tenants", {"name": DEMO_TENANT, "display_name": "Demo tenant"}, name=DEMO_TENANT)
-    admin.http.post(f"/tenants/{tenant['id']}/models/{model['id']}")
+    r = admin.http.put(f"/tenants/{tenant['id']}/models/{model['id']}")
+    if r.status_code >= 400:
+        raise typer.Exit(_fail(f"could not grant {DEMO_MODEL} to {DEMO_TENANT}: {r.status_code} {r.text[:300]}"))
     return tenant, deployment
 
 
@@ -286,7 +291,8 @@ def up(
 
     out = Console()
     state = _state_dir()
-    ensure_env_file(state)
+    env_path, _ = ensure_env_file(state)
+    load_env_file(env_path)
     settings = load_settings()
     procs = Processes(state)
     baton = _bin("baton")
@@ -304,7 +310,7 @@ def up(
     if with_model:
         out.print(f"[green]ok[/] tiny model in {model_dir}")
         with out.status("Ray head (loopback only)"):
-            start_ray_head(settings)
+            start_ray_head(settings, procs)
         out.print(f"[green]ok[/] Ray head, dashboard {settings.ray.dashboard_url}")
 
     base_url = f"http://{settings.gateway.host}:{settings.gateway.port}"
@@ -336,8 +342,6 @@ def up(
 def down() -> None:
     """Stop what `baton up` started (gateway, worker, the Ray head and its Serve apps)."""
     procs = Processes(_state_dir())
-    for name in ("gateway", "worker"):
-        if procs.stop(name):
+    for name in ("gateway", "worker", "ray"):
+        if procs.stop(name, timeout_s=60):
             typer.echo(f"stopped {name}")
-    stop_ray_head()
-    typer.echo("stopped the Ray head")

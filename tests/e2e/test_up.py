@@ -1,0 +1,65 @@
+"""The README's run command on this machine: `baton up` brings up P/D serving of the tiny model behind the
+gateway (its own database, state folder, Ray head and ports), a chat completion goes through, and
+`baton down` stops what it started."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import httpx
+import pytest
+from sqlalchemy.engine import make_url
+
+from tests.conftest import drop_database
+
+pytestmark = pytest.mark.e2e
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def test_up_serves_the_tiny_model_in_pd_mode_and_down_stops_it(tmp_path: Path, pg_url: str) -> None:
+    baton = str(Path(sys.executable).with_name("baton"))
+    db_url = make_url(pg_url).set(database=f"{make_url(pg_url).database}_up").render_as_string(hide_password=False)
+    gateway, dashboard = _free_port(), _free_port()
+    env = {
+        **os.environ,
+        "BATON_STATE_DIR": str(tmp_path / "state"),
+        "BATON_DB__URL": db_url,
+        "BATON_GATEWAY__PORT": str(gateway),
+        "BATON_RAY__ADDRESS": f"127.0.0.1:{_free_port()}",
+        "BATON_RAY__DASHBOARD_URL": f"http://127.0.0.1:{dashboard}",
+        "BATON_RAY__SERVE_HTTP_PORT": str(_free_port()),
+    }
+    try:
+        up = subprocess.run([baton, "up", "--timeout", "900"], env=env, capture_output=True, text=True, timeout=1500)
+        assert up.returncode == 0, up.stdout[-3000:] + up.stderr[-3000:]
+        assert f"OPENAI_BASE_URL=http://127.0.0.1:{gateway}/v1" in up.stdout
+        key = (tmp_path / "state" / "demo.key").read_text().strip()
+        resp = httpx.post(f"http://127.0.0.1:{gateway}/v1/chat/completions", timeout=120,
+                          headers={"authorization": f"Bearer {key}"},
+                          json={"model": "tiny-llama", "max_tokens": 8, "temperature": 0,
+                                "messages": [{"role": "user", "content": "hello"}]})
+        assert resp.status_code == 200, resp.text
+        assert resp.json()["usage"]["completion_tokens"] == 8
+        token = Path.home().joinpath(".ray", "auth_token").read_text().strip()
+        status = httpx.get(f"http://127.0.0.1:{dashboard}/api/serve/applications/", timeout=10,
+                           headers={"authorization": f"Bearer {token}"})
+        deployments = status.json()["applications"]["tiny-llama-pd"]["deployments"]
+        assert any(name.startswith("Prefill") for name in deployments)
+        assert any(name.startswith("Decode") for name in deployments)
+    finally:
+        down = subprocess.run([baton, "down"], env=env, capture_output=True, text=True, timeout=300)
+        drop_database(make_url(db_url).database or "")
+    assert down.returncode == 0, down.stderr[-2000:]
+    with pytest.raises(httpx.HTTPError):
+        httpx.get(f"http://127.0.0.1:{gateway}/healthz", timeout=2)
+    with pytest.raises(httpx.HTTPError):
+        httpx.get(f"http://127.0.0.1:{dashboard}/api/version", timeout=2)
