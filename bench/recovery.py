@@ -191,6 +191,11 @@ def lmcache_kv_config(redis_url: str) -> str:
     return json.dumps(kv_transfer_config(spec, "aggregated"))
 
 
+def warm_up(url: str) -> None:
+    """One short request, so that no trial pays an engine's first-request costs."""
+    httpx.post(f"{url}/completions", json={"model": "tiny", "prompt": [11, 12, 13], "max_tokens": 2}, timeout=120)
+
+
 def _metric(url: str, name: str, **labels: str) -> float:
     from prometheus_client.parser import text_string_to_metric_families
 
@@ -236,6 +241,8 @@ def run_recovery(cfg: RecoveryConfig, *, log: Log = print,
     try:
         log("starting two engines with the LMCache connector (Redis tier on a dedicated redis-server)")
         wait_engines([start("a"), start("b")], timeout_s=600)
+        for name in ("a", "b"):
+            warm_up(engines[name][1])
         advance = progress("recovery trials", len(cfg.arms) * cfg.repeats) if progress else None
         for rep in range(cfg.repeats):
             for arm in cfg.arms:
@@ -250,6 +257,10 @@ def run_recovery(cfg: RecoveryConfig, *, log: Log = print,
                 def kill(proc: Proc = proc, arm: str = arm) -> None:
                     with contextlib.suppress(ProcessLookupError):
                         os.killpg(proc.pid, signal.SIGKILL)
+                    # Reaped at once, so the router (pick) no longer sends to it: the figure is the
+                    # resume itself, not a bench router's failed attempt on the dead engine.
+                    with contextlib.suppress(Exception):
+                        proc.popen.wait(5)  # type: ignore[union-attr]
                     if arm == "no_tier":
                         import redis
 
@@ -280,6 +291,7 @@ def run_recovery(cfg: RecoveryConfig, *, log: Log = print,
                     advance(None)
                 port = int(url.rsplit(":", 1)[1].split("/")[0])
                 wait_engines([start(serving, port)], timeout_s=600)
+                warm_up(engines[serving][1])
     finally:
         for proc, _ in engines.values():
             proc.stop()
