@@ -204,13 +204,14 @@ class ChaosStack:
             "BATON_REDIS__URL": s.redis.url,
             "BATON_SECURITY__KEY_SECRET": s.security.key_secret.get_secret_value(),
             "BATON_GATEWAY__UPSTREAMS": json.dumps({self.cfg.model_name: upstream}),
+            "PYTHONUNBUFFERED": "1",
         }
         if self.tier is not None:
             env["BATON_REDIS__LMCACHE_URL"] = self.tier.url
         self.gateway = Proc("gateway", [sys.executable, "-m", "baton.cli.main", "gateway", "run", "--port", str(port)],
                             env=env, log_path=self.logs / "gateway.log").start()
         url = f"http://127.0.0.1:{port}"
-        _wait("gateway", lambda: httpx.get(f"{url}/healthz", timeout=2).status_code == 200, 90, self.gateway)
+        _wait("gateway", lambda: httpx.get(f"{url}/healthz", timeout=2).status_code == 200, 300, self.gateway)
         return url
 
     # -- lifecycle ------------------------------------------------------------------------------
