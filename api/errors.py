@@ -141,7 +141,7 @@ def _http_error(exc: StarletteHTTPException) -> errors.BatonError:
     else:
         cls = errors.ClientError
     detail = exc.detail if isinstance(exc.detail, str) else None
-    err = cls(detail or cls.title)
+    err: errors.BatonError = cls(detail or cls.title)
     if exc.status_code != err.status:
         # Keep the status Starlette chose (405, 413, 415, ...) with a code that names it.
         err = _with_status(err, exc.status_code)
@@ -171,7 +171,7 @@ def install_error_handlers(app: FastAPI) -> None:
 
     async def on_validation_error(request: Request, exc: Exception) -> Response:
         assert isinstance(exc, RequestValidationError)
-        err = validation_error(exc.errors())
+        err: errors.BatonError = validation_error(exc.errors())
         if not request.url.path.startswith(OPENAI_PREFIX):
             err = _with_status(err, 422)
         return error_response(request, err)

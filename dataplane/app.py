@@ -70,7 +70,7 @@ def build_pd_app(spec: DeploymentSpec) -> Application:
         args.decode_config,
         name_prefix="Decode:",
         bind_kwargs={"prefill_server": prefill},
-        deployment_cls=BatonPDDecodeServer,
+        deployment_cls=BatonPDDecodeServer,  # type: ignore[arg-type]  # an LLMServer subclass in Ray's code
     )
     ingress_cls = args.ingress_cls_config.ingress_cls
     options = maybe_apply_llm_deployment_config_defaults(

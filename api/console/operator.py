@@ -56,8 +56,9 @@ def overview(ctx: Ctx, user: OperatorUser) -> dict[str, Any]:
     r = m.RequestRecord
     with ctx.db.system() as uow, translated():
         tenants = uow.session.scalar(select(func.count()).select_from(m.Tenant)) or 0
-        states = dict(uow.session.execute(
-            select(m.Deployment.observed_state, func.count()).group_by(m.Deployment.observed_state)).all())
+        states: dict[str, int] = {
+            str(state): int(count) for state, count in uow.session.execute(
+                select(m.Deployment.observed_state, func.count()).group_by(m.Deployment.observed_state)).all()}
         reqs = uow.session.execute(
             select(func.count(), func.count().filter(r.status == m.RequestStatus.FAILED))
             .where(r.started_at >= since)).one()
