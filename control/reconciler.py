@@ -96,8 +96,10 @@ class Reconciler:
         backoff_s: float = 1.0,
         throughput: Callable[[dict[str, Any]], EngineThroughput] | None = None,
         sleep: Callable[[float], None] = time.sleep,
+        telemetry: dict[str, Any] | None = None,
     ) -> None:
         self.db = db
+        self.telemetry = telemetry  # DeploymentSpec.telemetry for every app: spans and per-request facts
         self.client = client
         self.http_port = http_port
         self.attempts = attempts
@@ -113,6 +115,13 @@ class Reconciler:
             attempts=settings.control.apply_attempts,
             backoff_s=settings.control.apply_backoff_s,
             throughput=lambda engine: throughput_from(settings, engine),
+            telemetry={
+                "otlp_endpoint": settings.telemetry.otlp_endpoint,
+                "link_bandwidth_gbps": settings.telemetry.link_bandwidth_gbps,
+                "enabled": settings.telemetry.enabled,
+                # The gateway reads the data plane's facts from its own Redis.
+                "facts_redis_url": settings.redis.url,
+            },
         )
 
     # -- the pass ----------------------------------------------------------------------------------
@@ -172,7 +181,8 @@ class Reconciler:
                 policy = policies.get(d.slo_policy_id) if d.slo_policy_id else None
                 tp = self.throughput(d.engine_settings or {}) if (policy and self.throughput) else None
                 try:
-                    spec = deployment_spec(d, models[d.model_id], policy=policy, throughput=tp)
+                    spec = deployment_spec(d, models[d.model_id], policy=policy, throughput=tp,
+                                           telemetry=self.telemetry)
                 except errors.ValidationError as exc:
                     invalid[d.id] = exc.message
                     continue

@@ -46,6 +46,7 @@ def deployment_spec(
     *,
     policy: SloPolicyLike | None = None,
     throughput: EngineThroughput | None = None,
+    telemetry: dict[str, Any] | None = None,
 ) -> DeploymentSpec:
     """The data plane's spec for one deployment row; raises :class:`errors.ValidationError` if invalid.
 
@@ -74,6 +75,8 @@ def deployment_spec(
         "route_prefix": route_prefix(dep.name),
         **placement,
     }
+    if telemetry is not None:
+        raw["telemetry"] = telemetry
     if mode == "aggregated":
         raw["replicas"] = pool(dep.decode_min_replicas, dep.decode_max_replicas,
                                targets.aggregated if targets else None)

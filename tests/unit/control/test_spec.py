@@ -78,3 +78,15 @@ def test_serve_status_parses_apps_and_compares_entries() -> None:
     changed = render_serve_application(deployment_spec(_dep(decode_max_replicas=3), MODEL))
     assert not app.matches(changed)
     assert ServeStatus.parse({}).apps == {}
+
+
+def test_reconciler_gives_every_app_the_gateways_fact_store_and_tracing() -> None:
+    from baton.control.reconciler import Reconciler
+    from baton.core.settings import load_settings
+
+    settings = load_settings(redis={"url": "redis://facts.example:6379/3", "lmcache_url": "redis://tier:6379"},
+                             telemetry={"otlp_endpoint": "http://collector:4318"})
+    rec = Reconciler.from_settings(settings, db=None, client=None)  # type: ignore[arg-type]
+    assert rec.telemetry is not None
+    assert rec.telemetry["facts_redis_url"] == "redis://facts.example:6379/3"
+    assert rec.telemetry["otlp_endpoint"] == "http://collector:4318"
