@@ -130,6 +130,14 @@ def reconcile_trigger(settings: Any, *, queue: str = QUEUE) -> Callable[[str], N
     return trigger
 
 
+def run_beat(settings: Any, *, loglevel: str = "INFO") -> None:
+    """Runs only the beat scheduler in this process (one per deployment: it enqueues the periodic jobs)."""
+    app = create_celery(settings)
+    schedule = settings.state_dir / "celerybeat-schedule"
+    schedule.parent.mkdir(parents=True, exist_ok=True)
+    app.start(["beat", f"--loglevel={loglevel}", f"--schedule={schedule}"])
+
+
 def run_worker(settings: Any, *, concurrency: int = 1, loglevel: str = "INFO", beat: bool = True) -> None:
     """Runs a worker in this process (with the beat scheduler embedded unless ``beat`` is False)."""
     app = create_celery(settings)
