@@ -34,5 +34,5 @@ def run(
         http="httptools",
         access_log=False,
         log_level=log_level,
-        timeout_graceful_shutdown=30,
+        timeout_graceful_shutdown=int(settings.gateway.shutdown_grace_s),
     )

@@ -67,6 +67,10 @@ class GatewaySettings(BaseModel):
     upstream_timeout_s: float = Field(300.0, gt=0, description="Total time allowed per upstream call.")
     usage_flush_interval_s: float = Field(0.2, gt=0, description="Usage batch flush interval.")
     usage_batch_size: int = Field(500, ge=1, description="Usage records per batch insert.")
+    shutdown_grace_s: float = Field(
+        330.0, gt=0, description="On SIGTERM, how long open streams may finish before the process exits "
+        "(longer than the upstream timeout, so no accepted stream is cut)."
+    )
     upstreams: dict[str, str] = Field(
         default_factory=dict,
         description="Static model -> OpenAI base URL routes (e.g. a bare engine in dev/tests). Models not "
