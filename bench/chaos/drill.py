@@ -365,7 +365,8 @@ class Injector:
             f = self._new(kind, pool)
             f.evidence = f"no {pool} replica found"
             return f
-        rep = self.rng.choice(reps)
+        serving = [r for r in reps if r.children]  # an engine process runs under it (not a replacement starting)
+        rep = self.rng.choice(serving or reps)
         if kind.startswith("kill"):
             f = self._new(kind, f"{rep.deployment} pid {rep.pid}")
             f.pids = list(rep.tree)
@@ -644,6 +645,8 @@ async def _drill(ep: Endpoint, cfg: DrillConfig, log: Log, progress: Progress | 
         "faults_planned": dict(Counter(plan)),
         "faults_fired": dict(fired),
         "kills_fired": fired["kill_decode"] + fired["kill_prefill"],
+        "kills_of_serving_replicas": sum(1 for f in injector.faults
+                                         if f.fired and f.kind.startswith("kill_") and len(f.pids) > 1),
         "faults_not_fired": len(not_fired),
         "faults_not_recovered": len(not_recovered),
         "pools_healthy_at_end": injector.pools_healthy_at_end,
