@@ -294,6 +294,11 @@ def judge(rec: RequestRecord, baseline: Baseline | None) -> Verdict:
         partial = v.state != "completed"
         v.duplicated, v.missing, v.mismatched = align(expected, received, partial=partial)
         v.text_ok = text == baseline.text if not partial else baseline.text.startswith(text)
+        if not v.text_ok:
+            at = next((i for i, (a, b) in enumerate(zip(text, baseline.text, strict=False)) if a != b),
+                      min(len(text), len(baseline.text)))
+            v.notes.append(f"text differs at char {at}: got {text[max(0, at - 10):at + 10]!r}, "
+                           f"baseline {baseline.text[max(0, at - 10):at + 10]!r}")
     if v.state == "completed":
         n = len(s.ids) if use_ids else None
         if v.usage_completion_tokens is not None and n is not None and v.usage_completion_tokens != n:
