@@ -625,7 +625,7 @@ async def _drill(ep: Endpoint, cfg: DrillConfig, log: Log, progress: Progress | 
 
         db_checks: dict[str, Any] = {"skipped": "no database"}
         if ep.db is not None:
-            expected = {}
+            expected: dict[uuid.UUID, tuple[str, int]] = {}
             for r, v in zip(drv.records, verdicts, strict=True):
                 rid = _rid(r.request_id)
                 if rid is not None and r.http_status == 200 and v.state in ("completed", "failed", "cancelled"):
