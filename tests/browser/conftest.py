@@ -136,8 +136,10 @@ def stack(settings, db: Database) -> Iterator[Stack]:  # type: ignore[no-untyped
             yield Stack(url=url, model=model_name, model_id=model_id, operator_email=operator_email, db=db)
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def browser() -> Iterator[Any]:
+    """Module-scoped: Playwright's sync API runs an event loop in this thread until it exits, and later
+    tests (``asyncio.run``, sync httpx) must not find one running."""
     from playwright.sync_api import sync_playwright
 
     if not (ROOT / "web" / "dist" / "index.html").is_file():
