@@ -25,21 +25,27 @@ CHAT = {"model": "tiny", "messages": [{"role": "user", "content": "the quick bro
         "max_tokens": 96, "temperature": 0}
 
 
-def kill_replicas(title: str) -> list[int]:
-    """SIGKILL every process whose title names the replica, and their children (the vLLM engine)."""
+def replica_family(title: str) -> list:  # type: ignore[type-arg]
+    """Every process whose title names the replica, and their children (the vLLM engine)."""
     psutil = pytest.importorskip("psutil")
-    killed = []
+    family = []
     for proc in psutil.process_iter(["cmdline"]):
         try:
-            if not any(title in part for part in proc.info["cmdline"] or []):
-                continue
-            family = [proc, *proc.children(recursive=True)]
+            if any(title in part for part in proc.info["cmdline"] or []):
+                family += [proc, *proc.children(recursive=True)]
         except (psutil.NoSuchProcess, psutil.AccessDenied):
             continue
-        for p in family:
-            with contextlib.suppress(ProcessLookupError, psutil.NoSuchProcess):
-                os.kill(p.pid, signal.SIGKILL)
-                killed.append(p.pid)
+    return family
+
+
+def kill(family: list) -> list[int]:  # type: ignore[type-arg]
+    """SIGKILL, at once: the processes were found before the stream started, so the kill lands mid-stream."""
+    psutil = pytest.importorskip("psutil")
+    killed = []
+    for p in family:
+        with contextlib.suppress(ProcessLookupError, psutil.NoSuchProcess):
+            os.kill(p.pid, signal.SIGKILL)
+            killed.append(p.pid)
     return killed
 
 
@@ -54,9 +60,10 @@ def test_a_killed_decode_replica_does_not_break_the_clients_stream(serve_cluster
         assert baseline.outcome.completion_tokens == 96
 
         killed: list[int] = []
+        family = replica_family(f"ServeReplica:{APP}:Decode")
         run = asyncio.run(relay_stream(
-            lambda: url, "chat/completions", CHAT, kill_after=6,
-            kill=lambda: killed.extend(kill_replicas(f"ServeReplica:{APP}:Decode")),
+            lambda: url, "chat/completions", CHAT, kill_after=2,
+            kill=lambda: killed.extend(kill(family)),
             policy=ResumePolicy(attempts=200, budget_s=400, backoff_s=0.5, backoff_max_s=2.0)))
         print(f"killed {killed}; recovery {run.recovery_ms:.0f} ms; steps {run.outcome.recovery_steps}")
         assert killed, "no decode replica process found"
