@@ -81,7 +81,7 @@ def vllm_url(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iter
             "--model",
             str(tiny_model),
             "--served-model-name",
-            "tiny-e2e",
+            "tiny-gw-e2e",
             "--dtype",
             "float32",
             "--enforce-eager",
@@ -129,7 +129,7 @@ class Stack:
 def stack(settings: Settings, db: Database, tiny_model: Path, vllm_url: str, stub_url: str) -> Iterator[Stack]:
     suffix = uuid.uuid4().hex[:6]
     # The catalogue name is what the engine serves (--served-model-name) and what clients ask for.
-    names = {"tiny": "tiny-e2e", "stub_a": f"stub-a-{suffix}", "stub_b": f"stub-b-{suffix}"}
+    names = {"tiny": "tiny-gw-e2e", "stub_a": f"stub-a-{suffix}", "stub_b": f"stub-b-{suffix}"}
     with db.system() as uow:
         if uow.models.by_name(names["tiny"]) is None:
             uow.models.add(
