@@ -35,4 +35,5 @@ def run(
         access_log=False,
         log_level=log_level,
         timeout_graceful_shutdown=int(settings.gateway.shutdown_grace_s),
+        timeout_keep_alive=max(1, round(settings.gateway.keep_alive_s)),
     )

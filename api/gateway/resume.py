@@ -12,9 +12,12 @@ re-prefill). The continuation is re-framed in the client's original format (same
 model), so the client's stream simply goes on: no repeated, missing or reordered tokens; usage counts
 the original prompt and each completion token once.
 
-Attempts are bounded by :class:`ResumePolicy` (count and total time, exponential backoff while Ray
-replaces a dead replica). Where the ladder runs out the client gets an SSE ``error`` event and the
-request record keeps the steps taken (``Outcome.recovery_steps``) and why it failed.
+Attempts are bounded by :class:`ResumePolicy` (count, and time per recovery: each break gets
+``budget_s`` from the moment it is seen; exponential backoff while Ray routes around or replaces a dead
+replica). An upstream that goes silent (no answer, or no chunk, for the gateway's ``stream_stall_s``)
+counts as broken too: its read timeout ends the attempt. Where the ladder runs out the client gets an
+SSE ``error`` event and the request record keeps the steps taken (``Outcome.recovery_steps``) and why
+it failed.
 
 Not resumed (a break after the first token ends with the SSE error as before): ``n > 1``, several
 prompts, logprobs, echo, and constrained output (tools, ``response_format``, structured outputs),
@@ -115,10 +118,11 @@ Opener = Callable[[str, bytes], Awaitable[httpx.Response]]
 
 async def open_with_retry(opener: Opener, endpoint: str, body: bytes, *, policy: ResumePolicy,
                           deadline: float, tries: list[int]) -> tuple[httpx.Response | None, str]:
-    """Opens an upstream stream, retrying transport errors and 5xx within the request's budget.
+    """Opens an upstream stream, retrying transport errors and 5xx until ``deadline``.
 
     ``tries`` is the request's shared attempt counter (one element). Returns (response, "") or
-    (None, why); a 4xx answer is final at once (the request itself is refused)."""
+    (None, why); an answer with another status (4xx: the request itself is refused) is final at once and
+    returned open, for the caller to read."""
     why = "no attempt left"
     while tries[0] < policy.attempts:
         now = time.monotonic()
@@ -133,12 +137,10 @@ async def open_with_retry(opener: Opener, endpoint: str, body: bytes, *, policy:
         except httpx.HTTPError as exc:
             why = f"upstream {type(exc).__name__}"
             continue
-        if response.status_code == 200:
-            return response, ""
+        if response.status_code == 200 or response.status_code not in RETRY_STATUSES:
+            return response, "" if response.status_code == 200 else f"upstream status {response.status_code}"
         await response.aclose()
         why = f"upstream status {response.status_code}"
-        if response.status_code not in RETRY_STATUSES:
-            return None, why
     return None, f"{why}; {policy.attempts} attempts used"
 
 
@@ -210,8 +212,12 @@ class ResumingRelay(SSERelay):
                     outcome.step(STEP, t0, "recovered", f"{failure}; length reached, finish sent")
                     break
                 endpoint, body = "completions", orjson.dumps(cont)
+            self._deadline = time.monotonic() + self._policy.budget_s  # each break gets its own budget
             response, why = await open_with_retry(self._opener, endpoint, body, policy=self._policy,
                                                   deadline=self._deadline, tries=self._tries)
+            if response is not None and response.status_code != 200:
+                await response.aclose()
+                response = None
             if response is None:
                 outcome.step(STEP, t0, "failed", f"{failure}; {why}")
                 await self._broken(send, st)

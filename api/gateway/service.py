@@ -116,6 +116,7 @@ class Gateway:
         prompts: PromptCounter | None = None,
         default_completion_budget: int = 1024,
         resume: ResumePolicy | None = None,
+        stream_stall_s: float | None = None,
         tracing: t.Tracing | None = None,
         metrics: GatewayMetrics | None = None,
     ) -> None:
@@ -131,6 +132,11 @@ class Gateway:
         #: None when tracing is off: then the hot path creates no span at all.
         self.tracer = tracing.tracer if tracing is not None and tracing.provider is not None else None
         self.resume = resume  # None: no retries, a broken stream ends with an SSE error
+        #: Read timeout of streaming upstream calls (the wait for the answer and between chunks); None: the
+        #: client's own. A stalled replica then ends the attempt instead of holding the request.
+        self.stall_timeout = (None if stream_stall_s is None else
+                              httpx.Timeout(connect=client.timeout.connect, read=stream_stall_s,
+                                            write=client.timeout.write, pool=client.timeout.pool))
 
     async def start(self) -> None:
         await self.meter.start()
@@ -252,13 +258,15 @@ class Gateway:
         headers = {"x-request-id": f"req-{rid}", **decision.headers}
         sent_headers = upstream_headers(rid, tp, stream=call.stream)
 
+        timeout = self.stall_timeout if call.stream and self.stall_timeout is not None else httpx.USE_CLIENT_DEFAULT
+
         async def opener(endpoint: str, content: bytes) -> httpx.Response:
             req = self.client.build_request("POST", f"{upstream.base_url}/{endpoint}", content=content,
-                                            headers=sent_headers)
+                                            headers=sent_headers, timeout=timeout)
             return await self.client.send(req, stream=call.stream)
 
         policy = self.resume
-        deadline = time.monotonic() + (policy.budget_s if policy is not None else 0.0)
+        deadline = time.monotonic()  # the relay gives each break its own budget
         tries = [0]
         try:
             response, open_exc = await self._open(opener, call.endpoint, body, outcome, policy=policy,
@@ -306,7 +314,9 @@ class Gateway:
     async def _open(self, opener: Opener, endpoint: str, body: bytes, outcome: Outcome, *,
                     policy: ResumePolicy | None, deadline: float,
                     tries: list[int]) -> tuple[httpx.Response | None, httpx.HTTPError | None]:
-        """The first upstream call; with a policy, transport errors and 5xx are retried (nothing was sent)."""
+        """The first upstream call; with a policy, transport errors (a stall included) and 5xx are retried
+        (nothing was sent) for ``policy.budget_s`` from the first failure. Returns (response, None) or
+        (None, the last transport error, None when the last failure was a 5xx answer)."""
         try:
             response = await opener(endpoint, body)
         except httpx.HTTPError as exc:
@@ -321,11 +331,10 @@ class Gateway:
             failed = None
             await response.aclose()
         t0 = time.perf_counter()
-        retried, more = await open_with_retry(opener, endpoint, body, policy=policy, deadline=deadline, tries=tries)
-        outcome.step(RESUME_STEP, t0, "failed" if retried is None else "recovered",
+        retried, more = await open_with_retry(opener, endpoint, body, policy=policy,
+                                              deadline=max(deadline, time.monotonic() + policy.budget_s), tries=tries)
+        outcome.step(RESUME_STEP, t0, "failed" if retried is None or retried.status_code != 200 else "recovered",
                      f"{why}; {more or 'retried before the first token'}")
-        if retried is None and failed is None:  # answer with the upstream's own (5xx) reply
-            return await opener(endpoint, body), None
         return retried, failed
 
     def _end(self, outcome: Outcome, lease: Lease | None, status: m.RequestStatus, http_status: int,

@@ -65,6 +65,15 @@ class GatewaySettings(BaseModel):
     port: int = Field(8000, description="Bind port of the gateway and console.")
     key_cache_ttl_s: float = Field(30.0, gt=0, description="How long a key lookup is cached.")
     upstream_timeout_s: float = Field(300.0, gt=0, description="Total time allowed per upstream call.")
+    stream_stall_s: float = Field(
+        45.0, gt=0, description="A streaming upstream call silent this long (no response yet, or no chunk) is "
+        "broken: with resume on it is retried before the first token and resumed after it."
+    )
+    keep_alive_s: float = Field(
+        75.0, gt=0, description="How long an idle client connection is kept open. Longer than clients' own idle "
+        "expiry (httpx and the OpenAI clients: 5 s), so the gateway never closes a connection that a client "
+        "is reusing at that moment (the client would see a reset before any response)."
+    )
     usage_flush_interval_s: float = Field(0.2, gt=0, description="Usage batch flush interval.")
     usage_batch_size: int = Field(500, ge=1, description="Usage records per batch insert.")
     shutdown_grace_s: float = Field(
@@ -94,9 +103,13 @@ class GatewaySettings(BaseModel):
         True, description="Resume a stream whose upstream broke (prompt + tokens sent) and retry failed calls."
     )
     resume_budget_s: float = Field(
-        30.0, gt=0, description="Total time one request may spend retrying/resuming before it fails."
+        90.0, gt=0, description="Time one recovery may take (from a failure until a new upstream stream "
+        "answers) before the request fails; a new break later in the stream gets a new budget."
     )
-    resume_attempts: int = Field(6, ge=0, description="Retries/resumes per request at most.")
+    resume_attempts: int = Field(
+        8, ge=0, description="Retries/resumes per request at most (a replica that just died may answer "
+        "a few quick 5xx until Ray Serve routes around it)."
+    )
     resume_backoff_s: float = Field(0.1, gt=0, description="First wait between attempts (doubles, max 2 s).")
 
 

@@ -35,6 +35,8 @@ from baton.core import models as m
 #: One entry per upstream request, in order: (mode, after) with mode in "ok", "drop", "error_chunk",
 #: "error_event", "eof", "no_finish", "status503"; `after` = tokens sent before the cut.
 SCRIPT: list[tuple[str, int]] = []
+#: How long "silent" and "stall" keep the upstream quiet (the relay's read timeout is far shorter).
+STALL_S = 5.0
 BODIES: list[dict[str, Any]] = []
 
 
@@ -66,6 +68,8 @@ async def _serve(request: Request) -> Response:
     mode, after = SCRIPT.pop(0) if SCRIPT else ("ok", 0)
     if mode == "status503":
         return Response(b'{"error":{"message":"no replica","code":503}}', status_code=503)
+    if mode == "silent":  # a stalled replica: no answer at all for a long while
+        await asyncio.sleep(STALL_S)
     chat = request.url.path.endswith("chat/completions")
     if chat:
         prompt = tokenize("".join(msg["content"] for msg in body["messages"]))
@@ -101,7 +105,9 @@ async def _serve(request: Request) -> Response:
         if chat:
             yield _sse(chunk(None, first=True))
         for i, tok in enumerate(tokens):
-            if mode != "ok" and i == after:
+            if mode == "stall" and i == after:
+                await asyncio.sleep(STALL_S)  # then it would go on: a SIGSTOPped replica continued
+            elif mode not in ("ok", "silent", "stall") and i == after:
                 if mode == "drop":
                     raise RuntimeError("replica died")
                 if mode == "error_chunk":
@@ -155,28 +161,32 @@ POLICY = ResumePolicy(attempts=4, budget_s=10, backoff_s=0.01)
 
 
 async def _relay(base: str, endpoint: str, payload: dict[str, Any], *, policy: ResumePolicy = POLICY,
-                 client_usage: bool = True, client_ids: bool = False) -> tuple[list[dict[str, Any]], bytes, Outcome]:
+                 client_usage: bool = True, client_ids: bool = False,
+                 read_timeout: float = 10) -> tuple[list[dict[str, Any]], bytes, Outcome]:
     payload = {**payload, "stream": True, "stream_options": {"include_usage": True}, "return_token_ids": True,
                "cache_salt": "salt-1"}
     body = orjson.dumps(payload)
     outcome = Outcome(request_id=uuid.uuid4(), tenant_id=uuid.uuid4(), api_key_id=None, model="m",
                       endpoint=endpoint, stream=True, started=time.time(), start_pc=time.perf_counter())
-    async with httpx.AsyncClient(timeout=10) as client:
+    async with httpx.AsyncClient(timeout=httpx.Timeout(10, read=read_timeout)) as client:
         async def opener(ep: str, content: bytes) -> httpx.Response:
             req = client.build_request("POST", f"{base}/{ep}", content=content,
                                        headers={"content-type": "application/json"})
             return await client.send(req, stream=True)
 
-        first = await opener(endpoint, body)
         tries = [0]
-        if first.status_code != 200:  # the gateway's first-call retry, done by hand here
+        try:
+            first: httpx.Response | None = await opener(endpoint, body)
+        except httpx.ReadTimeout:
+            first = None
+        if first is None or first.status_code != 200:  # the gateway's first-call retry, done by hand here
             from baton.api.gateway.resume import open_with_retry
 
-            await first.aclose()
-            retried, _ = await open_with_retry(opener, endpoint, body, policy=policy,
-                                               deadline=time.monotonic() + policy.budget_s, tries=tries)
-            assert retried is not None
-            first = retried
+            if first is not None:
+                await first.aclose()
+            first, _ = await open_with_retry(opener, endpoint, body, policy=policy,
+                                             deadline=time.monotonic() + policy.budget_s, tries=tries)
+            assert first is not None
         done: list[Outcome] = []
         relay = ResumingRelay(first, outcome, strip_usage=not client_usage, headers=[], done=done.append,
                               opener=opener, endpoint=endpoint, payload=payload, original_body=body,
@@ -276,6 +286,26 @@ def test_a_failure_before_the_first_token_retries_the_original_request(upstream:
     events, _, o = asyncio.run(_relay(upstream, "completions", COMPLETION))
     assert _tokens(events, chat=False) == generate(tokenize("once upon"), 10)
     assert BODIES[2]["prompt"] == "once upon" and o.status is m.RequestStatus.COMPLETED
+
+
+def test_an_upstream_that_does_not_answer_in_time_is_asked_again(upstream: str) -> None:
+    SCRIPT.append(("silent", 0))
+    events, _, o = asyncio.run(_relay(upstream, "completions", COMPLETION, read_timeout=0.5))
+    assert _tokens(events, chat=False) == generate(tokenize("once upon"), 10)
+    assert len(BODIES) == 2 and BODIES[1]["prompt"] == "once upon" and o.status is m.RequestStatus.COMPLETED
+
+
+@pytest.mark.parametrize("after", [1, 6])
+def test_a_stream_that_stalls_mid_way_resumes_on_a_new_call(upstream: str, after: int) -> None:
+    SCRIPT.append(("stall", after))
+    events, raw, o = asyncio.run(_relay(upstream, "chat/completions", CHAT, read_timeout=0.5))
+    prompt = tokenize("hello there")
+    assert _tokens(events, chat=True) == generate(prompt, 12)  # the stalled stream's late tokens never arrive
+    assert b"error" not in raw and raw.count(b"[DONE]") == 1
+    assert BODIES[1]["prompt"] == prompt + generate(prompt, after) and BODIES[1]["max_tokens"] == 12 - after
+    assert o.status is m.RequestStatus.COMPLETED and o.completion_tokens == 12
+    assert [s["step"] for s in o.recovery_steps] == ["decode_resume"]
+    assert "ReadTimeout" in o.recovery_steps[0]["detail"]
 
 
 def test_when_the_budget_runs_out_the_stream_ends_with_an_error_event(upstream: str) -> None:
