@@ -16,6 +16,8 @@ Role = Literal["aggregated", "prefill", "decode"]
 NIXL_DECODE_PORT_OFFSET = 2000
 APP_IMPORT_PATH = "baton.dataplane.app:build_app"
 LMCACHE_CONNECTOR_MODULE = "baton.dataplane.kv_connector"
+# vLLM's NixlConnector, subclassed to time each transfer inside the engine (same name, Baton's module).
+NIXL_CONNECTOR_MODULE = "baton.dataplane.kv_trace"
 LMCACHE_CONNECTOR_CLASS = "BatonLMCacheConnectorV1"
 
 # Environment every CPU engine replica gets: keep every listener on loopback, never reach the hub.
@@ -141,6 +143,7 @@ def kv_transfer_config(spec: DeploymentSpec, role: Role) -> dict[str, Any] | Non
         connectors.append(
             {
                 "kv_connector": "NixlConnector",
+                "kv_connector_module_path": NIXL_CONNECTOR_MODULE,
                 "kv_role": "kv_both",
                 "kv_buffer_device": "cpu" if spec.device == "cpu" else "cuda",
                 "kv_connector_extra_config": {"backends": list(spec.kv.nixl_backends)},

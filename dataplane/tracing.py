@@ -14,9 +14,11 @@ What the spans measure, from the orchestrator (honestly named):
 - ``dataplane.kv_handoff``: from submitting the decode request with the prefill's KV handle to the
   decode engine's first token. That interval contains the KV pull (NIXL) plus scheduling and one
   decode step, so it is an upper bound of the transfer: the attributes say ``transfer_ms_upper_bound``
-  and ``efficiency_lower_bound``. ``baton.kv.bytes`` is what NIXL moved: the prefill's KV blocks
-  (whole blocks of ``baton.kv.block_size`` tokens); ``baton.kv.expected_bytes`` is the KV-size formula
-  for exactly the prompt's tokens.
+  and ``efficiency_lower_bound``. The transfer itself is measured inside the decode engine, by NIXL,
+  and shows as its child ``dataplane.kv_transfer`` (:mod:`baton.dataplane.kv_trace`).
+  ``baton.kv.bytes`` is what NIXL moved: the prefill's KV blocks (whole blocks of
+  ``baton.kv.block_size`` tokens); ``baton.kv.expected_bytes`` is the KV-size formula for exactly the
+  prompt's tokens.
 - ``dataplane.decode``: submit to last chunk: first-token time, output tokens, gaps between the chunks
   the engine yields (Ray may batch several tokens per chunk).
 """
@@ -62,6 +64,11 @@ def tracing_from_env() -> t.Tracing:
     return _tracing
 
 
+def dtype_bytes(dtype: str) -> int:
+    """Bytes per KV element for a dtype name (``float16``, ``torch.bfloat16``, ...); 4 when unknown."""
+    return _DTYPE_BYTES.get(dtype.removeprefix("torch."), 4)
+
+
 def link_bandwidth_gbps() -> float:
     return float(os.environ.get("BATON_TELEMETRY__LINK_BANDWIDTH_GBPS", "1.9"))
 
@@ -88,7 +95,7 @@ def model_shape(model_path: str, *, dtype: str | None, block_size: int) -> Model
         head_dim = int(cfg.get("head_dim") or int(cfg["hidden_size"]) // heads)
         dt = str(dtype or cfg.get("torch_dtype") or "float32").removeprefix("torch.")
         return ModelShape(int(cfg["num_hidden_layers"]), int(cfg.get("num_key_value_heads") or heads), head_dim,
-                          _DTYPE_BYTES.get(dt, 4), block_size)
+                          dtype_bytes(dt), block_size)
     except (OSError, KeyError, TypeError, ValueError):
         return None
 
@@ -106,6 +113,7 @@ class RequestTrace:
     prefill_attempts: int = 0
     handoff: dict[str, Any] | None = None
     decode: trace.Span | None = None
+    handoff_span: trace.Span | None = None
     decode_start_pc: float = 0.0
     decode_start_ns: int = 0
     first_pc: float | None = None
@@ -150,9 +158,13 @@ class RequestTrace:
         self.decode_start_ns = time.time_ns()
         self.decode = self.tracer.start_span(t.SPAN_DECODE, context=self.parent, start_time=self.decode_start_ns,
                                              attributes={"baton.replica": self.replica})
+        # Open from now to the first token; the engine's own KV spans (``baton.dataplane.kv_trace``)
+        # hang below it through the traceparent in ``kv_transfer_params``.
+        self.handoff_span = self.tracer.start_span(t.SPAN_KV_HANDOFF, context=trace.set_span_in_context(self.decode),
+                                                   start_time=self.decode_start_ns)
         tp = t.traceparent_of(self.decode)
         params = dict(getattr(decode_request, "kv_transfer_params", None) or {})
-        params[TRACEPARENT_PARAM] = tp
+        params[TRACEPARENT_PARAM] = t.traceparent_of(self.handoff_span)
         if self.request_id:
             params[REQUEST_ID_PARAM] = self.request_id
         decode_request.kv_transfer_params = params
@@ -196,6 +208,10 @@ class RequestTrace:
             gaps = sorted(self.gaps)
             span.set_attribute("baton.decode.itl_p50_ms", gaps[len(gaps) // 2] * 1000)
             span.set_attribute("baton.decode.itl_p99_ms", gaps[min(len(gaps) - 1, int(len(gaps) * 0.99))] * 1000)
+        if self.handoff_span is not None:  # no first token: the handoff never completed
+            self.handoff_span.set_status(Status(StatusCode.ERROR, "no first token"))
+            self.handoff_span.end()
+            self.handoff_span = None
         if error is not None:
             span.set_status(Status(StatusCode.ERROR, type(error).__name__))
         span.end()
@@ -229,10 +245,13 @@ class RequestTrace:
             attrs["baton.kv.block_size"] = shape.block_size
         if prompt is not None:
             attrs[t.ATTR_INPUT_TOKENS] = int(prompt)
-        span = self.tracer.start_span(t.SPAN_KV_HANDOFF, context=trace.set_span_in_context(self.decode)
-                                      if self.decode is not None else self.parent,
-                                      start_time=self.decode_start_ns, attributes=attrs)
+        span = self.handoff_span
+        if span is None:
+            span = self.tracer.start_span(t.SPAN_KV_HANDOFF, context=trace.set_span_in_context(self.decode)
+                                          if self.decode is not None else self.parent, start_time=self.decode_start_ns)
+        span.set_attributes(attrs)
         span.end(end_time=self.first_ns)
+        self.handoff_span = None
         return {"connector": attrs["baton.kv.connector"], "kv_bytes": moved, "expected_bytes": expected,
                 "transfer_ms": ms, "transfer_ms_kind": "upper_bound_to_first_token", "prompt_tokens": prompt}
 

@@ -2,7 +2,9 @@
 
 Called by the usage meter on each batch before it is written, off the request path: one pipelined
 ``HGETALL baton:req:<request id>`` per outcome that went to a Serve deployment. The ``handoff`` fact
-fills ``kv_bytes``/``handoff_ms``; data-plane ``recovery_steps`` are appended to the outcome's own and
+(the decode server's view, submit to first token) fills ``kv_bytes``/``handoff_ms``; the
+``kv_transfer`` fact (NIXL's own timing inside the decode engine), when present, replaces them with
+the transfer itself; data-plane ``recovery_steps`` are appended to the outcome's own and
 become ``recovery.<step>`` spans in the request's trace (parent: its ``gateway.request`` span).
 Redis down or slow costs only the facts.
 """
@@ -63,6 +65,12 @@ class FactMerger:
                 o.kv_bytes = handoff["kv_bytes"]
             if isinstance(handoff.get("transfer_ms"), int | float):
                 o.handoff_ms = float(handoff["transfer_ms"])
+        measured = facts.get("kv_transfer")  # timed inside the decode engine: preferred over the upper bound
+        if isinstance(measured, dict):
+            if isinstance(measured.get("kv_bytes"), int) and measured["kv_bytes"] > 0:
+                o.kv_bytes = measured["kv_bytes"]
+            if isinstance(measured.get("transfer_ms"), int | float):
+                o.handoff_ms = float(measured["transfer_ms"])
         steps = facts.get("recovery_steps")
         if isinstance(steps, list):
             steps = [dict(s, source="dataplane") for s in steps if isinstance(s, dict) and "step" in s]

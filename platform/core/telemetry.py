@@ -30,6 +30,8 @@ SPAN_GATEWAY_RATELIMIT = "gateway.ratelimit"
 SPAN_PREFILL = "dataplane.prefill"
 SPAN_KV_HANDOFF = "dataplane.kv_handoff"
 SPAN_DECODE = "dataplane.decode"
+SPAN_KV_TRANSFER = "dataplane.kv_transfer"  # inside the decode engine: the KV pull itself
+SPAN_KV_HOLD = "dataplane.kv_hold"  # inside the prefill engine: KV pinned until the decode side read it
 RECOVERY_PREFIX = "recovery."
 
 ATTR_TENANT = "baton.tenant_id"

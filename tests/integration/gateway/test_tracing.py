@@ -169,6 +169,7 @@ def test_facts_written_by_the_data_plane_reach_the_outcome(settings: Settings) -
 
 
 async def _facts_round_trip(settings: Settings) -> None:
+    import asyncio
     import os
 
     import redis.asyncio as aioredis
@@ -190,6 +191,25 @@ async def _facts_round_trip(settings: Settings) -> None:
             await facts._client.aclose()
         facts._client = None
     assert (o.kv_bytes, o.handoff_ms, o.facts_merged) == (7, 1.25, True)
+    # The decode engine's own measurement (posted from its busy loop through a writer thread) wins.
+    o2 = _outcome(deployment="tiny-pd")
+    os.environ[facts.ENV_REDIS_URL] = settings.redis.url
+    try:
+        await facts.record_fact(f"req-{o2.request_id.hex}", "handoff", {"kv_bytes": 8192, "transfer_ms": 9.0})
+        facts.post_fact(f"req-{o2.request_id.hex}", "kv_transfer", {"kv_bytes": 8000, "transfer_ms": 0.75})
+        red = aioredis.Redis.from_url(settings.redis.url)
+        for _ in range(100):  # the writer thread is asynchronous by design
+            if await red.hexists(fact_key(o2.request_id.hex), "kv_transfer"):
+                break
+            await asyncio.sleep(0.05)
+        await FactMerger(red)([o2])
+        await red.aclose()
+    finally:
+        del os.environ[facts.ENV_REDIS_URL]
+        if facts._client is not None:
+            await facts._client.aclose()
+        facts._client = None
+    assert (o2.kv_bytes, o2.handoff_ms) == (8000, 0.75)
     # Redis unreachable: no facts, no error.
     down = aioredis.Redis.from_url("redis://127.0.0.1:9", socket_connect_timeout=0.2)
     await FactMerger(down)([_outcome(deployment="x")])

@@ -143,6 +143,7 @@ def test_pd_with_lmcache_uses_the_same_multiconnector_on_both_sides():
     assert prefill["kv_connector"] == "MultiConnector"
     nixl, lmc = prefill["kv_connector_extra_config"]["connectors"]
     assert nixl["kv_connector"] == "NixlConnector"
+    assert nixl["kv_connector_module_path"] == "baton.dataplane.kv_trace"  # timed in the engine
     assert lmc["kv_connector"] == "BatonLMCacheConnectorV1"
     assert lmc["kv_connector_module_path"] == "baton.dataplane.kv_connector"
     extra = lmc["kv_connector_extra_config"]
