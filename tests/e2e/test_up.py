@@ -1,9 +1,11 @@
 """The README's run command on this machine: `baton up` brings up P/D serving of the tiny model behind the
-gateway (its own database, state folder, Ray head and ports), a chat completion goes through, and
-`baton down` stops what it started."""
+gateway (its own database, state folder, Ray head and ports), chat completions go through, and
+`baton down` stops what it started. Tracing is on everywhere with an OTLP collector that is not there
+(gateway, decode server, engines): it costs the spans, never a request."""
 
 from __future__ import annotations
 
+import json
 import os
 import socket
 import subprocess
@@ -37,6 +39,8 @@ def test_up_serves_the_tiny_model_in_pd_mode_and_down_stops_it(tmp_path: Path, p
         "BATON_RAY__ADDRESS": f"127.0.0.1:{_free_port()}",
         "BATON_RAY__DASHBOARD_URL": f"http://127.0.0.1:{dashboard}",
         "BATON_RAY__SERVE_HTTP_PORT": str(_free_port()),
+        "BATON_TELEMETRY__ENABLED": "true",
+        "BATON_TELEMETRY__OTLP_ENDPOINT": f"http://127.0.0.1:{_free_port()}",  # nothing listens there
     }
     try:
         up = subprocess.run([baton, "up", "--timeout", "900"], env=env, capture_output=True, text=True, timeout=1500)
@@ -49,6 +53,15 @@ def test_up_serves_the_tiny_model_in_pd_mode_and_down_stops_it(tmp_path: Path, p
                                 "messages": [{"role": "user", "content": "hello"}]})
         assert resp.status_code == 200, resp.text
         assert resp.json()["usage"]["completion_tokens"] == 8
+        with httpx.stream("POST", f"http://127.0.0.1:{gateway}/v1/completions", timeout=120,
+                          headers={"authorization": f"Bearer {key}"},
+                          json={"model": "tiny-llama", "prompt": "once upon a time", "max_tokens": 8,
+                                "temperature": 0, "stream": True, "stream_options": {"include_usage": True}}) as sse:
+            assert sse.status_code == 200
+            body = "".join(sse.iter_text())
+        assert body.rstrip().endswith("data: [DONE]") and "event: error" not in body
+        events = [json.loads(line[6:]) for line in body.splitlines() if line.startswith("data: {")]
+        assert events[-1]["usage"]["completion_tokens"] == 8
         token = Path.home().joinpath(".ray", "auth_token").read_text().strip()
         status = httpx.get(f"http://127.0.0.1:{dashboard}/api/serve/applications/", timeout=10,
                            headers={"authorization": f"Bearer {token}"})
