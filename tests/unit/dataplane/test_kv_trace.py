@@ -14,15 +14,15 @@ import pytest
 
 pytest.importorskip("vllm")
 
-from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter  # noqa: E402
-from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorTransferResults  # noqa: E402
-from vllm.distributed.kv_transfer.kv_connector.v1.nixl.metadata import NixlConnectorMetadata  # noqa: E402
-from vllm.distributed.kv_transfer.kv_connector.v1.nixl.pull_worker import NixlPullConnectorWorker  # noqa: E402
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorTransferResults
+from vllm.distributed.kv_transfer.kv_connector.v1.nixl.metadata import NixlConnectorMetadata
+from vllm.distributed.kv_transfer.kv_connector.v1.nixl.pull_worker import NixlPullConnectorWorker
 
-from baton.core import telemetry as t  # noqa: E402
-from baton.core.settings import TelemetrySettings  # noqa: E402
-from baton.dataplane import kv_trace  # noqa: E402
-from baton.dataplane import tracing as dp_tracing  # noqa: E402
+from baton.core import telemetry as t
+from baton.core.settings import TelemetrySettings
+from baton.dataplane import kv_trace
+from baton.dataplane import tracing as dp_tracing
 
 TRACE = "0af7651916cd43dd8448eb211c80319c"
 PARENT = "b7ad6b7169203331"
