@@ -97,6 +97,7 @@ def telemetry_env(spec: DeploymentSpec) -> dict[str, str]:
     if tel.otlp_endpoint:
         env["BATON_TELEMETRY__OTLP_ENDPOINT"] = tel.otlp_endpoint
         env["OTEL_EXPORTER_OTLP_TRACES_PROTOCOL"] = "http/protobuf"
+        env["OTEL_SERVICE_NAME"] = f"baton-engine-{spec.name}"  # vLLM's own request spans
     redis_url = tel.facts_redis_url or (spec.kv.lmcache.redis_url if spec.kv.lmcache else None)
     if redis_url:
         env["BATON_DATAPLANE_REDIS_URL"] = redis_url

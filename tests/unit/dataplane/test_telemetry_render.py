@@ -18,6 +18,7 @@ def test_an_otlp_endpoint_reaches_baton_and_vllm() -> None:
     env = engine_env(spec)
     assert env["BATON_TELEMETRY__OTLP_ENDPOINT"] == "http://collector:4318/"
     assert env["OTEL_EXPORTER_OTLP_TRACES_PROTOCOL"] == "http/protobuf"
+    assert env["OTEL_SERVICE_NAME"] == "baton-engine-d"  # vLLM's own spans are named
     assert env["BATON_TELEMETRY__LINK_BANDWIDTH_GBPS"] == "25.0"
     assert env["BATON_DATAPLANE_REDIS_URL"] == "redis://r:6379"
     for role in ("prefill", "decode"):
