@@ -27,6 +27,7 @@ from starlette.types import Receive, Scope, Send
 
 from baton.api.errors import openai_error_body
 from baton.api.gateway.metering import Outcome
+from baton.api.gateway.upstream import UpstreamClient
 from baton.core import errors
 from baton.core import models as m
 
@@ -42,14 +43,10 @@ class UpstreamTimeoutError(errors.UpstreamError):
     title = "The model took too long to answer"
 
 
-def new_client(*, timeout_s: float, max_connections: int) -> httpx.AsyncClient:
-    return httpx.AsyncClient(
-        timeout=httpx.Timeout(timeout_s, connect=5.0),
-        limits=httpx.Limits(max_connections=max_connections, max_keepalive_connections=max_connections,
-                            keepalive_expiry=30.0),
-        trust_env=False,
-        follow_redirects=False,
-    )
+def new_client(*, timeout_s: float, max_connections: int) -> UpstreamClient:
+    """The upstream client of a gateway process (see :mod:`baton.api.gateway.upstream`)."""
+    return UpstreamClient(timeout_s=timeout_s, connect_timeout_s=5.0, max_connections=max_connections,
+                          keepalive_expiry_s=30.0)
 
 
 # -- trace context -------------------------------------------------------------------------------

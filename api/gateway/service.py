@@ -14,7 +14,7 @@ import logging
 import time
 import uuid
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import httpx
 import orjson
@@ -46,6 +46,7 @@ from baton.api.gateway.resume import STEP as RESUME_STEP
 from baton.api.gateway.routing import Router
 from baton.api.gateway.schemas import MAX_N, SERVER_FIELDS
 from baton.api.gateway.tokens import PromptCounter
+from baton.api.gateway.upstream import UpstreamClient
 from baton.core import errors
 from baton.core import models as m
 from baton.core import telemetry as t
@@ -112,7 +113,7 @@ class Gateway:
         limiter: RateLimiter,
         meter: UsageMeter,
         router: Router,
-        client: httpx.AsyncClient,
+        client: UpstreamClient | httpx.AsyncClient,
         prompts: PromptCounter | None = None,
         default_completion_budget: int = 1024,
         resume: ResumePolicy | None = None,
@@ -134,7 +135,8 @@ class Gateway:
         self.resume = resume  # None: no retries, a broken stream ends with an SSE error
         #: Read timeout of streaming upstream calls (the wait for the answer and between chunks); None: the
         #: client's own. A stalled replica then ends the attempt instead of holding the request.
-        self.stall_timeout = (None if stream_stall_s is None else
+        self.stream_stall_s = stream_stall_s
+        self.stall_timeout = (None if stream_stall_s is None or not isinstance(client, httpx.AsyncClient) else
                               httpx.Timeout(connect=client.timeout.connect, read=stream_stall_s,
                                             write=client.timeout.write, pool=client.timeout.pool))
 
@@ -258,12 +260,7 @@ class Gateway:
         headers = {"x-request-id": f"req-{rid}", **decision.headers}
         sent_headers = upstream_headers(rid, tp, stream=call.stream)
 
-        timeout = self.stall_timeout if call.stream and self.stall_timeout is not None else httpx.USE_CLIENT_DEFAULT
-
-        async def opener(endpoint: str, content: bytes) -> httpx.Response:
-            req = self.client.build_request("POST", f"{upstream.base_url}/{endpoint}", content=content,
-                                            headers=sent_headers, timeout=timeout)
-            return await self.client.send(req, stream=call.stream)
+        opener = self._opener(f"{upstream.base_url}/", sent_headers, stream=call.stream)
 
         policy = self.resume
         deadline = time.monotonic()  # the relay gives each break its own budget
@@ -310,6 +307,28 @@ class Gateway:
         outcome.end_pc = outcome.first_token = time.perf_counter()
         self._finish(outcome, lease)
         return Response(content, status_code=200, headers=headers, media_type="application/json")
+
+    def _opener(self, base: str, headers: dict[str, str], *, stream: bool) -> Opener:
+        """``opener(endpoint, body)``: one upstream call of this request (the relays call it again to
+        retry or resume). Streams read with the stall timeout when one is set."""
+        client = self.client
+        if isinstance(client, UpstreamClient):
+            read_timeout = self.stream_stall_s if stream else None
+
+            async def lean(endpoint: str, content: bytes) -> httpx.Response:
+                response = await client.post(base + endpoint, content, headers, stream=stream,
+                                             read_timeout=read_timeout)
+                return cast("httpx.Response", response)  # the relays use the members both share
+
+            return lean
+        timeout = self.stall_timeout if stream and self.stall_timeout is not None else httpx.USE_CLIENT_DEFAULT
+        hc: httpx.AsyncClient = client
+
+        async def via_httpx(endpoint: str, content: bytes) -> httpx.Response:
+            req = hc.build_request("POST", base + endpoint, content=content, headers=headers, timeout=timeout)
+            return await hc.send(req, stream=stream)
+
+        return via_httpx
 
     async def _open(self, opener: Opener, endpoint: str, body: bytes, outcome: Outcome, *,
                     policy: ResumePolicy | None, deadline: float,

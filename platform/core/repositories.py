@@ -28,16 +28,17 @@ _ROWS_PER_STATEMENT = 1000
 def _insert_ignoring_duplicates(
     session: Session, model: type[m.Base], key: str, rows: Sequence[dict[str, Any]]
 ) -> int:
-    """Multi-row INSERT ... ON CONFLICT DO NOTHING in chunks; returns how many rows were new."""
+    """INSERT ... ON CONFLICT DO NOTHING of many rows; returns how many rows were new.
+
+    One Core statement executed with the list of rows: SQLAlchemy compiles it once per process (its
+    compiled cache) and sends the rows as multi-row VALUES pages ("insertmanyvalues"), instead of
+    compiling a fresh ``.values([...])`` statement for every batch size."""
+    table: Any = model.__table__
+    stmt = insert(table).on_conflict_do_nothing(index_elements=[key]).returning(table.c[key])
     written = 0
     with translated():
         for i in range(0, len(rows), _ROWS_PER_STATEMENT):
-            chunk = list(rows[i : i + _ROWS_PER_STATEMENT])
-            stmt = (
-                insert(model).values(chunk).on_conflict_do_nothing(index_elements=[key])
-                .returning(getattr(model, key))
-            )
-            written += len(session.execute(stmt).all())
+            written += len(session.execute(stmt, list(rows[i : i + _ROWS_PER_STATEMENT])).all())
     return written
 
 
