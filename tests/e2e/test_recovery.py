@@ -120,7 +120,9 @@ def test_a_killed_decode_replica_does_not_break_the_clients_stream(serve_cluster
             time.sleep(0.5)
         assert spans, f"data-plane spans of {trace_id}: {[(s['name'], s['start']) for s in received.trace(trace_id)]}"
         by_id = {s["id"]: s for s in spans}
-        for s in spans:  # each reaches the gateway's root
+        # The resumed attempt's spans each reach the gateway's root. (The killed replica's unexported spans
+        # are lost with it, so a span of the first attempt may have lost its parent: that is allowed.)
+        for s in (s for s in spans if s["start"] > kill_ns):
             node, hops = s, 0
             while node["parent"] != root_id:
                 assert node["parent"] in by_id, f"{s['name']} is not connected"
