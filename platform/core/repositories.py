@@ -25,20 +25,46 @@ T = TypeVar("T", bound=m.Base)
 _ROWS_PER_STATEMENT = 1000
 
 
+#: (table, columns, conflict key) -> (statement, bind processor per column), built on first use.
+_UNNEST_INSERTS: dict[tuple[str, tuple[str, ...], str], tuple[str, list[Any]]] = {}
+
+
+def _unnest_insert(table: Any, names: tuple[str, ...], key: str, dialect: Any) -> tuple[str, list[Any]]:
+    cache_key = (table.name, names, key)
+    known = _UNNEST_INSERTS.get(cache_key)
+    if known is not None:
+        return known
+    casts, procs = [], []
+    for name in names:
+        col_type = table.c[name].type
+        casts.append(f"%s::{col_type.compile(dialect=dialect)}[]")
+        procs.append(col_type.dialect_impl(dialect).bind_processor(dialect))
+    cols = ", ".join(f'"{n}"' for n in names)
+    sql = (f'INSERT INTO "{table.name}" ({cols}) SELECT * FROM unnest({", ".join(casts)}) '
+           f'ON CONFLICT ("{key}") DO NOTHING')
+    _UNNEST_INSERTS[cache_key] = (sql, procs)
+    return sql, procs
+
+
 def _insert_ignoring_duplicates(
     session: Session, model: type[m.Base], key: str, rows: Sequence[dict[str, Any]]
 ) -> int:
-    """INSERT ... ON CONFLICT DO NOTHING of many rows; returns how many rows were new.
+    """INSERT ... ON CONFLICT DO NOTHING of many rows (all with the same keys); returns how many were new.
 
-    One Core statement executed with the list of rows: SQLAlchemy compiles it once per process (its
-    compiled cache) and sends the rows as multi-row VALUES pages ("insertmanyvalues"), instead of
-    compiling a fresh ``.values([...])`` statement for every batch size."""
+    One array per column through ``unnest``: the statement text is the same for any number of rows, so
+    nothing is compiled per batch (SQLAlchemy's PostgreSQL ``insert`` is never cached) and the server
+    prepares it once; values go through the columns' own bind processing (enums, JSONB)."""
     table: Any = model.__table__
-    stmt = insert(table).on_conflict_do_nothing(index_elements=[key]).returning(table.c[key])
+    conn = session.connection()
+    names = tuple(rows[0])
+    sql, procs = _unnest_insert(table, names, key, conn.dialect)
     written = 0
     with translated():
         for i in range(0, len(rows), _ROWS_PER_STATEMENT):
-            written += len(session.execute(stmt, list(rows[i : i + _ROWS_PER_STATEMENT])).all())
+            chunk = rows[i : i + _ROWS_PER_STATEMENT]
+            arrays = tuple([r[name] for r in chunk] if proc is None else [proc(r[name]) for r in chunk]
+                           for name, proc in zip(names, procs, strict=True))
+            written += max(conn.exec_driver_sql(sql, arrays).rowcount, 0)
     return written
 
 
