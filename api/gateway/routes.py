@@ -27,7 +27,8 @@ router = APIRouter(prefix="/v1", tags=["OpenAI-compatible"])
 _bearer = HTTPBearer(auto_error=False, description="A tenant API key (`bt_live_...`).")
 
 
-def get_gateway(request: Request) -> Gateway:
+async def get_gateway(request: Request) -> Gateway:
+    """Async on purpose: FastAPI runs a plain ``def`` dependency in its thread pool, once per request."""
     gateway: Gateway = request.app.state.gateway
     return gateway
 

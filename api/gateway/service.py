@@ -78,6 +78,10 @@ class Call:
     stream: bool
 
 
+#: Texts up to this many characters are tokenized on the event loop (well under a millisecond); a thread
+#: hop costs more than that.
+INLINE_TOKENIZE_CHARS = 4096
+
 #: Parameters Baton does not serve, with the reason a client gets.
 UNSUPPORTED: dict[str, str] = {
     "audio": "Audio output is not supported.",
@@ -177,9 +181,12 @@ class Gateway:
         return self._call("completions", payload, grant, prompt, payload.get("max_tokens") or 16, choices=choices)
 
     async def _count(self, text: str, grant: ModelGrant, overhead: int) -> int:
-        """Prompt tokens; a long prompt may be tokenized for real, in a worker thread."""
+        """Prompt tokens. Counted on the event loop when that is cheap: the estimate (the prompt is short
+        against the context: ``PromptCounter.count`` decides), or a real tokenization of a text of at most
+        :data:`INLINE_TOKENIZE_CHARS` with the tokenizer already loaded; otherwise in a worker thread."""
         count = self.prompts.count
-        if len(text) * 8 < grant.context_length:  # < context/2 in UTF-8 bytes: the estimate is enough
+        if len(text) * 8 < grant.context_length or (len(text) <= INLINE_TOKENIZE_CHARS
+                                                    and self.prompts.loaded(grant.source)):
             return count(text, source=grant.source, context_length=grant.context_length, overhead=overhead)[0]
         tokens, _ = await asyncio.to_thread(
             count, text, source=grant.source, context_length=grant.context_length, overhead=overhead)

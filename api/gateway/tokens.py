@@ -60,6 +60,10 @@ class PromptCounter:
             return nbytes // 4 + 1 + overhead, False
         return len(tok.encode(text, add_special_tokens=False).ids) + overhead, True
 
+    def loaded(self, source: str) -> bool:
+        """Whether ``source``'s tokenizer (or its absence) is known: counting then reads no file."""
+        return source in self._tokenizers
+
     def tokenizer(self, source: str) -> Any:
         """The model's tokenizer when ``source`` is a local folder that has one, else None."""
         if source in self._tokenizers:

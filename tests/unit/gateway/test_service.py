@@ -67,3 +67,10 @@ def test_openai_reset_durations() -> None:
 
 def test_context_errors_are_openai_codes() -> None:
     assert ContextLengthError.code == "context_length_exceeded" and ContextLengthError.status == 400
+
+
+def test_a_model_without_a_local_tokenizer_is_known_after_its_first_long_prompt() -> None:
+    counter = PromptCounter()
+    assert not counter.loaded("/nonexistent")
+    assert counter.count("x" * 800, source="/nonexistent", context_length=1000) == (201, False)
+    assert counter.loaded("/nonexistent")  # later prompts of this model are counted without a file lookup
