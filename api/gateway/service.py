@@ -185,11 +185,11 @@ class Gateway:
         against the context: ``PromptCounter.count`` decides), or a real tokenization of a text of at most
         :data:`INLINE_TOKENIZE_CHARS` with the tokenizer already loaded; otherwise in a worker thread."""
         count = self.prompts.count
-        if len(text) * 8 < grant.context_length or (len(text) <= INLINE_TOKENIZE_CHARS
-                                                    and self.prompts.loaded(grant.source)):
-            return count(text, source=grant.source, context_length=grant.context_length, overhead=overhead)[0]
-        tokens, _ = await asyncio.to_thread(
-            count, text, source=grant.source, context_length=grant.context_length, overhead=overhead)
+        n, ctx = len(text), grant.context_length
+        if (n * 8 < ctx or (n * 2 < ctx and text.isascii())  # an estimate is enough (as ``count`` decides)
+                or (n <= INLINE_TOKENIZE_CHARS and self.prompts.loaded(grant.source))):
+            return count(text, source=grant.source, context_length=ctx, overhead=overhead)[0]
+        tokens, _ = await asyncio.to_thread(count, text, source=grant.source, context_length=ctx, overhead=overhead)
         return tokens
 
     def _call(self, endpoint: str, payload: dict[str, Any], grant: ModelGrant, prompt: int,
