@@ -150,6 +150,8 @@ class _Stream:
 
     prompt_ids: list[int] | None = None
     sent: list[int] = field(default_factory=list)
+    held: list[bytes] = field(default_factory=list)  # chunks of tokens whose text the engine holds back
+    held_ids: list[int] = field(default_factory=list)  # their token ids (not sent yet)
     started: bool = False  # any event reached the client
     ids_ok: bool = True  # every token-bearing chunk carried its ids
     resumed: bool = False  # the relay reads a continuation now
@@ -198,8 +200,11 @@ class ResumingRelay(SSERelay):
             t0 = time.perf_counter()
             old = self._response
             asyncio.get_running_loop().create_task(old.aclose())
+            st.held.clear()  # never sent: the continuation generates them again
+            st.held_ids.clear()
             if not st.started:  # nothing reached the client: the original request again
                 endpoint, body = self._endpoint, self._original
+                st.id = None
             elif st.prompt_ids is None or not st.ids_ok:
                 outcome.step(STEP, t0, "failed", f"{failure}; token ids unknown, cannot resume")
                 await self._broken(send, st)
@@ -344,8 +349,27 @@ class ResumingRelay(SSERelay):
         if isinstance(usage, dict) and (self._strip or st.resumed):
             obj.pop("usage", None)
         text = choice.get("text") if not self._chat else (choice.get("delta") or {}).get("content")
+        finish = choice.get("finish_reason")
+        if isinstance(ids, list) and ids and not text and finish is None and st.ids_ok:
+            # The engine's detokenizer holds this token's text back (part of a character); the relay holds
+            # the chunk back too, so that a resume never starts right after it: an engine primed with a
+            # prompt that ends inside a character emits the whole prompt's text with its next token.
+            if st.resumed:
+                obj = self._reframe(obj, choice, st, ids if self._client_ids else None)
+            st.held.append(b"data: " + orjson.dumps(obj) + b"\n\n")
+            st.held_ids.extend(ids)
+            return None, None
+        held = b""
+        if st.held:
+            held = b"".join(st.held)
+            st.sent.extend(st.held_ids)
+            n_held = len(st.held_ids)
+            st.held.clear()
+            st.held_ids.clear()
+        else:
+            n_held = 0
         if isinstance(ids, list):
-            n = len(ids)
+            n = len(ids) + n_held
             st.sent.extend(ids)
         else:
             n = 1 if text else 0
@@ -359,11 +383,11 @@ class ResumingRelay(SSERelay):
                 outcome.gaps.append(now - self._last_pc)
             self._last_pc = now
             outcome.completion_tokens = len(st.sent) if st.ids_ok else outcome.completion_tokens + n
-        if choice.get("finish_reason") is not None:
+        if finish is not None:
             st.finished = True
         if st.resumed:
             obj = self._reframe(obj, choice, st, ids if self._client_ids else None)
-        return b"data: " + orjson.dumps(obj) + b"\n\n", None
+        return held + b"data: " + orjson.dumps(obj) + b"\n\n", None
 
     def _reframe(self, obj: dict[str, Any], choice: dict[str, Any], st: _Stream,
                  ids: list[int] | None) -> dict[str, Any]:

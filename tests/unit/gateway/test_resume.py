@@ -82,9 +82,11 @@ async def _serve(request: Request) -> Response:
     tokens = generate(prompt, limit)
     rid, created = f"up-{uuid.uuid4().hex[:8]}", int(time.time())
 
-    def chunk(tok: int | None, *, first: bool = False, finish: str | None = None) -> dict[str, Any]:
+    def chunk(tok: int | None, *, first: bool = False, finish: str | None = None,
+              text: str | None = None) -> dict[str, Any]:
+        text = f"<{tok}>" if text is None else text
         if chat:
-            delta: dict[str, Any] = {"role": "assistant", "content": ""} if tok is None else {"content": f"<{tok}>"}
+            delta: dict[str, Any] = {"role": "assistant", "content": ""} if tok is None else {"content": text}
             choice: dict[str, Any] = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}
             if ids_on and tok is not None:
                 choice["token_ids"] = [tok]
@@ -93,7 +95,7 @@ async def _serve(request: Request) -> Response:
             if ids_on and first:
                 obj["prompt_token_ids"] = prompt
             return obj
-        choice = {"index": 0, "text": f"<{tok}>", "logprobs": None, "finish_reason": finish}
+        choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish}
         if ids_on:
             choice["token_ids"] = [tok]
             if first:
@@ -105,9 +107,15 @@ async def _serve(request: Request) -> Response:
         if chat:
             yield _sse(chunk(None, first=True))
         for i, tok in enumerate(tokens):
+            if mode == "held_drop" and i == after - 1:
+                # a detokenizer holding this token's text back (half a character): ids, no text yet
+                yield _sse(chunk(tok, first=not chat and i == 0, text=""))
+                continue
+            if mode == "held_drop" and i == after:
+                raise RuntimeError("replica died")
             if mode == "stall" and i == after:
                 await asyncio.sleep(STALL_S)  # then it would go on: a SIGSTOPped replica continued
-            elif mode not in ("ok", "silent", "stall") and i == after:
+            elif mode not in ("ok", "silent", "stall", "held_drop") and i == after:
                 if mode == "drop":
                     raise RuntimeError("replica died")
                 if mode == "error_chunk":
@@ -255,6 +263,29 @@ def test_a_chat_stream_cut_anywhere_resumes_with_the_exact_tokens(upstream: str,
         0.7, 5, ["zz"], "salt-1")
     assert [(s["step"], s["outcome"]) for s in o.recovery_steps] == [("decode_resume", "recovered")]
     assert {"at_ms", "duration_ms", "detail"} <= set(o.recovery_steps[0])
+
+
+@pytest.mark.parametrize("endpoint", ["completions", "chat/completions"])
+@pytest.mark.parametrize("after", [1, 4])
+def test_a_token_whose_text_is_held_back_is_not_sent_before_its_text(upstream: str, endpoint: str,
+                                                                       after: int) -> None:
+    # The engine holds a token's text back (half a character) and dies before the next one: the relay
+    # had not sent that token either, so the continuation starts before it (never inside a character).
+    chat = endpoint == "chat/completions"
+    SCRIPT.append(("held_drop", after))
+    events, raw, o = asyncio.run(_relay(upstream, endpoint, CHAT if chat else COMPLETION, client_ids=True))
+    prompt = tokenize("hello there" if chat else "once upon")
+    n = 12 if chat else 10
+    assert _tokens(events, chat=chat) == generate(prompt, n)
+    ids = [t for ev in events for c in ev["choices"] for t in c.get("token_ids") or []]
+    assert ids == generate(prompt, n)  # no id twice: the held chunk never reached the client
+    if chat or after > 1:
+        assert BODIES[1]["prompt"] == prompt + generate(prompt, after - 1)
+        assert BODIES[1]["max_tokens"] == n - (after - 1)
+    else:  # nothing had reached the client: the original request again
+        assert BODIES[1]["prompt"] == "once upon"
+    assert o.status is m.RequestStatus.COMPLETED and o.completion_tokens == n
+    assert b"error" not in raw and raw.count(b"[DONE]") == 1
 
 
 def test_a_completion_cut_twice_resumes_twice(upstream: str) -> None:
