@@ -356,7 +356,7 @@ class Injector:
 
     async def _fire(self, kind: str, pool: Pool | None) -> FaultRecord:
         if kind == "drop":
-            return self._drop()
+            return await self._drop()
         if kind == "tier_down":
             return await self._tier_down()
         assert pool is not None
@@ -407,12 +407,19 @@ class Injector:
             await asyncio.sleep(1)
         f.recovered = False
 
-    def _drop(self) -> FaultRecord:
-        cands = [fl for fl in self.drv.in_flight.values()
-                 if fl.chunks > 0 and fl.rec.cancel_after is None and fl.chunks <= self.cfg.max_tokens // 2]
+    async def _drop(self, wait_s: float = 120.0) -> FaultRecord:
+        """Marks a stream that is in its first half to be closed by the client after its next chunk; waits
+        for such a stream (after a replica fault every stream may be waiting for its first token)."""
+        deadline = time.monotonic() + wait_s
+        while True:
+            cands = [fl for fl in self.drv.in_flight.values()
+                     if fl.chunks > 0 and fl.rec.cancel_after is None and fl.chunks <= self.cfg.max_tokens // 2]
+            if cands or time.monotonic() > deadline:
+                break
+            await asyncio.sleep(0.05)
         f = self._new("drop")
         if not cands:
-            f.evidence = "no stream in flight to drop"
+            f.evidence = f"no stream in its first half for {wait_s:g} s"
             return f
         fl = self.rng.choice(cands)
         fl.rec.cancel_after = fl.chunks + 1
