@@ -27,6 +27,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from baton.api.gateway.scripts import lean_scripts
+
 log = logging.getLogger(__name__)
 
 WINDOW_MS = 60_000
@@ -257,7 +259,8 @@ def _headers(raw: Sequence[int]) -> dict[str, str]:
 
 
 class RateLimiter:
-    """Admission and release against Redis. ``redis`` is a ``redis.asyncio.Redis``.
+    """Admission and release against Redis. ``redis`` is a ``redis.asyncio.Redis``; the scripts run over
+    :mod:`baton.api.gateway.scripts`' lean connection to the same server when it can reproduce it.
 
     When Redis cannot be reached, ``fail_open`` decides: admit without limits (the default; serving
     goes on and a warning is logged at most every 10 s) or refuse with 503.
@@ -268,9 +271,11 @@ class RateLimiter:
         self._lease_ms = int(lease_s * 1000)
         self._renew_every = max(lease_s / 3, 0.05)
         self.fail_open = fail_open
-        self._admit = redis.register_script(_ADMIT)
-        self._finish = redis.register_script(_FINISH)
-        self._renew = redis.register_script(_RENEW)
+        self._lean = lean_scripts(redis)  # None: redis-py's own scripts
+        register = self._lean.script if self._lean is not None else redis.register_script
+        self._admit = register(_ADMIT)
+        self._finish = register(_FINISH)
+        self._renew = register(_RENEW)
         self._held: dict[str, Lease] = {}  # leases with a concurrency slot, renewed while they run
         self._tasks: set[asyncio.Task[None]] = set()
         self._renewer: asyncio.Task[None] | None = None
@@ -287,6 +292,8 @@ class RateLimiter:
             self._renewer = None
         if self._tasks:
             await asyncio.gather(*list(self._tasks), return_exceptions=True)
+        if self._lean is not None:
+            await self._lean.aclose()
 
     async def admit(self, request_id: str, scopes: Sequence[LimitScope], tokens: int) -> Decision:
         """Decides one request for all ``scopes`` at once; on success the caller must :meth:`finish`."""

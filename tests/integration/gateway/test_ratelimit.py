@@ -165,3 +165,47 @@ def test_redis_down_fails_open_by_default(run) -> None:  # type: ignore[no-untyp
     assert run(go) == (True, False)
 
 
+
+
+def test_the_limiter_runs_its_scripts_over_the_lean_connection(run) -> None:  # type: ignore[no-untyped-def]
+    async def go(limiter: RateLimiter, client: aioredis.Redis) -> None:
+        assert limiter._lean is not None  # a plain TCP client is reproduced
+        _, scopes = _scopes(rpm=2, tpm=1000, concurrency=5)
+        decisions = await asyncio.gather(*(limiter.admit(uuid.uuid4().hex, scopes, 100) for _ in range(3)))
+        assert sorted(d.allowed for d in decisions) == [False, True, True]  # pipelined, answered in order
+        lease = next(d.lease for d in decisions if d.allowed)
+        await limiter.release(lease, 40)
+        assert int(await client.get(scopes[0].keys[3])) == 140  # the reservation corrected to what was used
+
+    run(go)
+
+
+def test_a_script_redis_has_not_seen_is_sent_whole_once() -> None:
+    from baton.api.gateway.scripts import lean_scripts
+
+    async def go() -> tuple[object, object]:
+        client = aioredis.Redis.from_url("redis://127.0.0.1:6379/0")
+        lean = lean_scripts(client)
+        assert lean is not None
+        script = lean.script(f"return {{ARGV[1], '{uuid.uuid4().hex}'}}")  # unknown to the server: NOSCRIPT
+        try:
+            first = await script(keys=[], args=[7])
+            second = await script(keys=[], args=[8])
+            return first, second
+        finally:
+            await lean.aclose()
+            await client.aclose()
+
+    first, second = asyncio.run(go())
+    assert first[0] == b"7" and second[0] == b"8"  # type: ignore[index]
+
+
+def test_a_lean_connection_to_a_dead_redis_fails_like_redis_py() -> None:
+    from baton.api.gateway.scripts import LeanScripts
+
+    async def go() -> None:
+        lean = LeanScripts(host="127.0.0.1", port=1, connect_timeout_s=0.2)
+        with pytest.raises((ConnectionError, OSError, TimeoutError)):
+            await lean.script("return 1")(keys=[], args=[])
+
+    asyncio.run(go())
