@@ -36,7 +36,7 @@ from baton.core import models as m
 #: "error_event", "eof", "no_finish", "status503"; `after` = tokens sent before the cut.
 SCRIPT: list[tuple[str, int]] = []
 #: How long "silent" and "stall" keep the upstream quiet (the relay's read timeout is far shorter).
-STALL_S = 5.0
+STALL_S = 6.0
 BODIES: list[dict[str, Any]] = []
 
 
@@ -321,7 +321,7 @@ def test_a_failure_before_the_first_token_retries_the_original_request(upstream:
 
 def test_an_upstream_that_does_not_answer_in_time_is_asked_again(upstream: str) -> None:
     SCRIPT.append(("silent", 0))
-    events, _, o = asyncio.run(_relay(upstream, "completions", COMPLETION, read_timeout=0.5))
+    events, _, o = asyncio.run(_relay(upstream, "completions", COMPLETION, read_timeout=2.0))
     assert _tokens(events, chat=False) == generate(tokenize("once upon"), 10)
     assert len(BODIES) == 2 and BODIES[1]["prompt"] == "once upon" and o.status is m.RequestStatus.COMPLETED
 
@@ -329,7 +329,7 @@ def test_an_upstream_that_does_not_answer_in_time_is_asked_again(upstream: str) 
 @pytest.mark.parametrize("after", [1, 6])
 def test_a_stream_that_stalls_mid_way_resumes_on_a_new_call(upstream: str, after: int) -> None:
     SCRIPT.append(("stall", after))
-    events, raw, o = asyncio.run(_relay(upstream, "chat/completions", CHAT, read_timeout=0.5))
+    events, raw, o = asyncio.run(_relay(upstream, "chat/completions", CHAT, read_timeout=2.0))
     prompt = tokenize("hello there")
     assert _tokens(events, chat=True) == generate(prompt, 12)  # the stalled stream's late tokens never arrive
     assert b"error" not in raw and raw.count(b"[DONE]") == 1
