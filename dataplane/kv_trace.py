@@ -100,8 +100,12 @@ def _hkey(handle: Any) -> Any:
     return handle
 
 
-class BatonNixlConnector(_VllmNixlConnector):
-    """vLLM's NIXL connector (pull mode) with the transfer and the prefill-side hold timed per request."""
+class NixlConnector(_VllmNixlConnector):
+    """vLLM's NIXL connector (pull mode) with the transfer and the prefill-side hold timed per request.
+
+    The class keeps vLLM's name on purpose: vLLM's ``MultiConnector`` files each connector's KV stats
+    under its class name, and the engine's front-end process rebuilds them from vLLM's registry by that
+    name (another name kills the engine at its first KV statistics)."""
 
     def __init__(self, vllm_config: VllmConfig, role: Any, kv_cache_config: Any = None):
         super().__init__(vllm_config, role, kv_cache_config)
@@ -307,5 +311,5 @@ class BatonNixlConnector(_VllmNixlConnector):
             table.pop(key, None)
 
 
-#: The name vLLM looks the class up by (and Ray Serve LLM sets NIXL up for).
-NixlConnector = BatonNixlConnector
+#: How Baton's code and tests refer to it.
+BatonNixlConnector = NixlConnector

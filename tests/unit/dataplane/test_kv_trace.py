@@ -191,3 +191,11 @@ def test_bookkeeping_is_bounded(spans, posted, monkeypatch: pytest.MonkeyPatch) 
         c.update_state_after_alloc(request(f"q{i}", 10), None, 10)
     assert list(c._baton_pending) == ["q7", "q8", "q9"]
 
+
+def test_it_keeps_vllms_name_so_the_engine_front_end_can_rebuild_its_stats() -> None:
+    """MultiConnector files stats by class name; the front end looks the name up in vLLM's registry."""
+    from vllm.distributed.kv_transfer.kv_connector.v1.multi_connector import MultiConnector
+
+    filed_as = kv_trace.BatonNixlConnector.__name__  # what MultiConnector.get_kv_connector_stats uses
+    rebuilt = MultiConnector.build_kv_connector_stats(data={filed_as: {"transfer_duration": [0.5]}})
+    assert rebuilt is not None and rebuilt.data[filed_as].data["transfer_duration"] == [0.5]
