@@ -3,10 +3,12 @@ data-plane facts merged from Redis, and an unreachable collector that costs noth
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 
 import httpx
 import pytest
@@ -168,33 +170,40 @@ def test_facts_written_by_the_data_plane_reach_the_outcome(settings: Settings) -
     asyncio.run(_facts_round_trip(settings))
 
 
+@contextlib.asynccontextmanager
+async def _facts_to(url: str) -> AsyncIterator[None]:
+    """The data plane's fact writer pointed at ``url`` for the block (one client, closed after)."""
+    from baton.dataplane import facts
+
+    os.environ[facts.ENV_REDIS_URL] = url
+    facts._client = None
+    try:
+        yield
+    finally:
+        del os.environ[facts.ENV_REDIS_URL]
+        if facts._client is not None:
+            await facts._client.aclose()
+        facts._client = None
+
+
 async def _facts_round_trip(settings: Settings) -> None:
     import asyncio
-    import os
 
     import redis.asyncio as aioredis
 
     from baton.dataplane import facts
 
     o = _outcome(deployment="tiny-pd")
-    os.environ[facts.ENV_REDIS_URL] = settings.redis.url
-    facts._client = None
-    try:
+    async with _facts_to(settings.redis.url):
         await facts.record_fact(f"req-{o.request_id.hex}", "handoff", {"kv_bytes": 7, "transfer_ms": 1.25})
         red = aioredis.Redis.from_url(settings.redis.url)
         assert await red.ttl(fact_key(o.request_id.hex)) > 0
         await FactMerger(red)([o])
         await red.aclose()
-    finally:
-        del os.environ[facts.ENV_REDIS_URL]
-        if facts._client is not None:
-            await facts._client.aclose()
-        facts._client = None
     assert (o.kv_bytes, o.handoff_ms, o.facts_merged) == (7, 1.25, True)
     # The decode engine's own measurement (posted from its busy loop through a writer thread) wins.
     o2 = _outcome(deployment="tiny-pd")
-    os.environ[facts.ENV_REDIS_URL] = settings.redis.url
-    try:
+    async with _facts_to(settings.redis.url):
         await facts.record_fact(f"req-{o2.request_id.hex}", "handoff", {"kv_bytes": 8192, "transfer_ms": 9.0})
         facts.post_fact(f"req-{o2.request_id.hex}", "kv_transfer", {"kv_bytes": 8000, "transfer_ms": 0.75})
         red = aioredis.Redis.from_url(settings.redis.url)
@@ -204,11 +213,6 @@ async def _facts_round_trip(settings: Settings) -> None:
             await asyncio.sleep(0.05)
         await FactMerger(red)([o2])
         await red.aclose()
-    finally:
-        del os.environ[facts.ENV_REDIS_URL]
-        if facts._client is not None:
-            await facts._client.aclose()
-        facts._client = None
     assert (o2.kv_bytes, o2.handoff_ms) == (8000, 0.75)
     # Redis unreachable: no facts, no error.
     down = aioredis.Redis.from_url("redis://127.0.0.1:9", socket_connect_timeout=0.2)
