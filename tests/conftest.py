@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import secrets
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -52,12 +53,12 @@ def alembic_config(url: str):  # type: ignore[no-untyped-def]
     return cfg
 
 
-@pytest.fixture(scope="session")
-def pg_url() -> Iterator[str]:
-    """Owner URL of a database made for this test run and migrated to head."""
+@contextmanager
+def migrated_database(prefix: str = "baton_test") -> Iterator[str]:
+    """Owner URL of a new database migrated to head; dropped on exit."""
     from alembic import command
 
-    name = f"baton_test_{os.getpid()}_{secrets.token_hex(3)}"
+    name = f"{prefix}_{os.getpid()}_{secrets.token_hex(3)}"
     url = create_database(name)
     try:
         command.upgrade(alembic_config(url), "head")
@@ -66,8 +67,8 @@ def pg_url() -> Iterator[str]:
         drop_database(name)
 
 
-@pytest.fixture(scope="session")
-def settings(pg_url: str):  # type: ignore[no-untyped-def]
+def settings_for(pg_url: str):  # type: ignore[no-untyped-def]
+    """Baton's settings for tests against the database at ``pg_url`` (the service role for serving)."""
     from baton.core.settings import load_settings
 
     app_url = make_url(pg_url).set(username=APP_ROLE).render_as_string(hide_password=False)
@@ -76,6 +77,18 @@ def settings(pg_url: str):  # type: ignore[no-untyped-def]
         db={"url": pg_url, "app_role": APP_ROLE, "app_url": app_url},
         security={"key_secret": "test-key-secret", "session_secret": "test-session-secret"},
     )
+
+
+@pytest.fixture(scope="session")
+def pg_url() -> Iterator[str]:
+    """Owner URL of a database made for this test run and migrated to head."""
+    with migrated_database() as url:
+        yield url
+
+
+@pytest.fixture(scope="session")
+def settings(pg_url: str):  # type: ignore[no-untyped-def]
+    return settings_for(pg_url)
 
 
 @pytest.fixture(scope="session")

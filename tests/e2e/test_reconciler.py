@@ -24,6 +24,8 @@ from fastapi import FastAPI
 from fastapi.testclient import TestClient
 from pydantic import SecretStr
 
+from tests.conftest import migrated_database, settings_for
+
 pytestmark = pytest.mark.e2e
 
 GCS_PORT = int(os.environ.get("BATON_E2E_RAY_PORT", "6390"))
@@ -94,13 +96,29 @@ def ray_head(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
 
 
 @pytest.fixture(scope="module")
-def stack(settings, db, ray_head: str, tiny_model: Path):  # type: ignore[no-untyped-def]
+def own_db() -> Iterator[tuple[Any, Any]]:
+    """A database of this module's own: the reconciler drives Ray to match *every* deployment it holds,
+    and other tests leave theirs (with models Ray could never load) in the session's database."""
+    from baton.core.db import Database
+
+    with migrated_database("baton_test_reconciler") as url:
+        settings = settings_for(url)
+        db = Database.for_services(settings)
+        try:
+            yield settings, db
+        finally:
+            db.dispose()
+
+
+@pytest.fixture(scope="module")
+def stack(own_db, ray_head: str, tiny_model: Path):  # type: ignore[no-untyped-def]
     from baton.api.admin.deps import AdminContext
     from baton.api.admin.router import router
     from baton.control.keys import KeyService
     from baton.control.ray_client import RayServeClient
     from baton.control.reconciler import Reconciler
 
+    settings, db = own_db
     s = settings.model_copy(
         update={
             "security": settings.security.model_copy(update={"admin_token": SecretStr(TOKEN)}),
