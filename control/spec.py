@@ -7,7 +7,8 @@ the same renderer.
 Conventions: one Serve application per deployment, named after it, at route ``/<deployment name>``;
 the served model id is the catalogue model's name and its weights are ``models.source``. The
 ``engine_settings`` column holds :class:`~baton.dataplane.spec.EngineSettings` fields plus the
-placement keys in :data:`PLACEMENT_KEYS`; in aggregated mode the decode replica range is the one pool.
+placement keys in :data:`PLACEMENT_KEYS` and the KV-transport keys in :data:`KV_KEYS`; in aggregated
+mode the decode replica range is the one pool.
 """
 
 from __future__ import annotations
@@ -24,6 +25,8 @@ from baton.dataplane.spec import DeploymentSpec
 
 #: Keys of ``deployments.engine_settings`` that are not vLLM engine settings but placement.
 PLACEMENT_KEYS = ("cpus_per_replica", "accelerator_type", "env")
+#: Keys of ``deployments.engine_settings`` that are KV-transport settings (``DeploymentSpec.kv``).
+KV_KEYS = ("nixl_progress_wakeup_ms",)
 
 
 def route_prefix(name: str) -> str:
@@ -55,6 +58,7 @@ def deployment_spec(
     """
     engine = dict(dep.engine_settings or {})
     placement = {k: engine.pop(k) for k in PLACEMENT_KEYS if k in engine}
+    kv_extra = {k: engine.pop(k) for k in KV_KEYS if k in engine}
     targets = compile_targets(policy, throughput) if policy is not None and throughput is not None else None
 
     def pool(lo: int, hi: int, target: int | None) -> dict[str, Any]:
@@ -71,7 +75,7 @@ def deployment_spec(
         "device": dep.device_profile or "cpu",
         "engine": engine,
         "kv": {"connector": dep.kv_connector or "none", "lmcache": dep.lmcache,
-               "nixl_port_base": nixl_port_base(dep.name)},
+               "nixl_port_base": nixl_port_base(dep.name), **kv_extra},
         "route_prefix": route_prefix(dep.name),
         **placement,
     }

@@ -3,8 +3,9 @@
 Loaded by vLLM through `kv_transfer_config` (`kv_connector: NixlConnector`,
 `kv_connector_module_path: baton.dataplane.kv_trace`): the module path takes priority over vLLM's own
 registry, while the connector keeps the name `NixlConnector`, so Ray Serve LLM still sets up NIXL's side
-channel for it and vLLM still applies its NIXL-specific settings. Everything NIXL does is unchanged;
-this subclass only watches it.
+channel for it and vLLM still applies its NIXL-specific settings. Everything NIXL does is unchanged
+but one setting, how its progress thread waits (`baton.dataplane.nixl_progress`, from the spec's
+`kv.nixl_progress_wakeup_ms`); otherwise this subclass only watches it.
 
 What it measures, and where:
 
@@ -36,6 +37,7 @@ from typing import TYPE_CHECKING, Any
 from vllm.distributed.kv_transfer.kv_connector.v1.nixl.connector import NixlConnector as _VllmNixlConnector
 
 from baton.core import telemetry as t
+from baton.dataplane import nixl_progress
 from baton.dataplane import tracing as dp_tracing
 from baton.dataplane.facts import post_fact
 
@@ -108,7 +110,9 @@ class NixlConnector(_VllmNixlConnector):
     name (another name kills the engine at its first KV statistics)."""
 
     def __init__(self, vllm_config: VllmConfig, role: Any, kv_cache_config: Any = None):
-        super().__init__(vllm_config, role, kv_cache_config)
+        # The worker half creates the NIXL agent here: its progress thread waits as the spec says.
+        with nixl_progress.progress_wakeup(nixl_progress.wakeup_ms_of(vllm_config.kv_transfer_config)):
+            super().__init__(vllm_config, role, kv_cache_config)
         self._baton_pending: _Bounded = _Bounded()  # scheduler half: req id -> _Note
         self._baton_recv: _Bounded = _Bounded()  # worker half: req id -> _Recv
         self._baton_hold: _Bounded = _Bounded()  # worker half: req id -> _Note

@@ -9,6 +9,7 @@ from __future__ import annotations
 import math
 from typing import Any, Literal
 
+from baton.dataplane.nixl_progress import EXTRA_CONFIG_KEY as NIXL_PROGRESS_KEY
 from baton.dataplane.spec import DeploymentSpec, LMCacheTiers, ReplicaRange
 
 Role = Literal["aggregated", "prefill", "decode"]
@@ -19,6 +20,10 @@ LMCACHE_CONNECTOR_MODULE = "baton.dataplane.kv_connector"
 # vLLM's NixlConnector, subclassed to time each transfer inside the engine (same name, Baton's module).
 NIXL_CONNECTOR_MODULE = "baton.dataplane.kv_trace"
 LMCACHE_CONNECTOR_CLASS = "BatonLMCacheConnectorV1"
+
+# The NIXL progress thread's wake-up period on CPU hosts (`baton.dataplane.nixl_progress`; NIXL's
+# Python API otherwise busy-polls: a core per engine).
+CPU_NIXL_PROGRESS_WAKEUP_MS = 10.0
 
 # Environment every CPU engine replica gets: keep every listener on loopback, never reach the hub.
 CPU_ENV: dict[str, str] = {
@@ -104,6 +109,13 @@ def telemetry_env(spec: DeploymentSpec) -> dict[str, str]:
     return env
 
 
+def nixl_progress_wakeup_ms(spec: DeploymentSpec) -> float:
+    """The NIXL progress thread's wake-up period under the spec's device profile (0: busy-poll)."""
+    if spec.kv.nixl_progress_wakeup_ms is not None:
+        return spec.kv.nixl_progress_wakeup_ms
+    return CPU_NIXL_PROGRESS_WAKEUP_MS if spec.device == "cpu" else 0.0
+
+
 def kv_cache_space_gib(spec: DeploymentSpec) -> float:
     return spec.engine.kv_cache_space_gib if spec.engine.kv_cache_space_gib is not None else 1.0
 
@@ -147,7 +159,10 @@ def kv_transfer_config(spec: DeploymentSpec, role: Role) -> dict[str, Any] | Non
                 "kv_connector_module_path": NIXL_CONNECTOR_MODULE,
                 "kv_role": "kv_both",
                 "kv_buffer_device": "cpu" if spec.device == "cpu" else "cuda",
-                "kv_connector_extra_config": {"backends": list(spec.kv.nixl_backends)},
+                "kv_connector_extra_config": {
+                    "backends": list(spec.kv.nixl_backends),
+                    NIXL_PROGRESS_KEY: nixl_progress_wakeup_ms(spec),
+                },
             }
         )
     if spec.kv.lmcache is not None:

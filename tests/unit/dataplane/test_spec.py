@@ -202,3 +202,16 @@ def test_local_disk_tier_is_size_limited():
     assert extra["lmcache.local_disk"] == "file:///var/kv"
     assert extra["lmcache.max_local_disk_size"] == 2
     assert "lmcache.remote_storage_plugins" not in extra
+
+
+def test_nixl_progress_thread_sleeps_on_cpu_and_busy_polls_on_gpu_unless_the_spec_says():
+    def wakeup(spec: DeploymentSpec) -> float:
+        kv = render_llm_config(spec, "decode")["engine_kwargs"]["kv_transfer_config"]
+        return float(kv["kv_connector_extra_config"]["baton_progress_wakeup_ms"])
+
+    assert wakeup(pd_spec()) == 10.0
+    gpu = DeploymentSpec(name="g", model=MODEL, mode="pd", device="gpu", kv={"connector": "nixl"})
+    assert wakeup(gpu) == 0.0
+    assert wakeup(pd_spec(kv={"connector": "nixl", "nixl_progress_wakeup_ms": 50})) == 50.0
+    with pytest.raises(ValidationError):
+        pd_spec(kv={"connector": "nixl", "nixl_progress_wakeup_ms": -1})
