@@ -30,6 +30,18 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+def isolated_ray_env() -> dict[str, str]:
+    """:func:`baton.dataplane.render.ray_cluster_env` with ports of its own (HAProxy's stats and metrics
+    listeners, the direct-ingress range), for a Ray head that shares the host with other heads."""
+    import random
+
+    from baton.dataplane.render import ray_cluster_env
+
+    base = random.randrange(32000, 39000, 100)
+    return ray_cluster_env(haproxy_stats_port=free_port(), haproxy_metrics_port=free_port(),
+                           direct_ingress_ports=(base, base + 99))
+
+
 def log_dir(state_dir: Path | str = "var") -> Path:
     d = Path(state_dir) / "bench" / "logs"
     d.mkdir(parents=True, exist_ok=True)

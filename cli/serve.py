@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import sys
 from pathlib import Path
 from typing import Annotated, Any
@@ -83,7 +84,9 @@ def run(
     from ray import serve
 
     from baton.dataplane.app import build_spec_app
+    from baton.dataplane.render import ray_cluster_env
 
+    os.environ.update(ray_cluster_env())  # the cluster's processes inherit it
     ray.init(num_cpus=num_cpus, _node_ip_address="127.0.0.1", include_dashboard=False)
     serve.start(http_options={"host": "127.0.0.1", "port": port})
     route = s.route_prefix

@@ -25,6 +25,8 @@ import typer
 if TYPE_CHECKING:
     from baton.core.settings import Settings
 
+from baton.dataplane.render import ray_cluster_env
+
 DEMO_TENANT = "demo"
 DEMO_MODEL = "tiny-llama"
 DEMO_DEPLOYMENT = "tiny-llama-pd"
@@ -92,16 +94,20 @@ class Processes:
             return None
         return pid
 
-    def start(self, name: str, argv: list[str], env: dict[str, str] | None = None) -> int:
+    def start(self, name: str, argv: list[str], env: dict[str, str] | None = None, *,
+              secrets: bool = True) -> int:
+        """Starts ``argv`` in its own session; ``secrets=False`` leaves Baton's secrets
+        (``BATON_SECURITY__*``) out of its environment."""
         running = self.pid(name)
         if running:
             return running
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self.log_dir.mkdir(parents=True, exist_ok=True)
         log = (self.log_dir / f"{name}.log").open("ab")
+        base = {k: v for k, v in os.environ.items() if secrets or not k.startswith("BATON_SECURITY__")}
         proc = subprocess.Popen(
             argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-            env={**os.environ, **(env or {})}, start_new_session=True,
+            env={**base, **(env or {})}, start_new_session=True,
         )
         (self.run_dir / f"{name}.pid").write_text(str(proc.pid))
         return proc.pid
@@ -158,7 +164,9 @@ def ray_head_running(settings: Settings) -> bool:
 
 def start_ray_head(settings: Settings, procs: Processes) -> None:
     """A loopback-only Ray head in its own process group (``ray start --block``), so ``down`` stops exactly
-    this head and never another Ray on the same machine."""
+    this head and never another Ray on the same machine. Its environment sets Serve's HAProxy ingress,
+    direct streaming and per-worker process groups for the whole cluster
+    (:func:`baton.dataplane.render.ray_cluster_env`)."""
     if ray_head_running(settings):
         return
     port = settings.ray.address.rsplit(":", 1)[-1]
@@ -167,8 +175,42 @@ def start_ray_head(settings: Settings, procs: Processes) -> None:
         _bin("ray"), "start", "--head", "--block", "--node-ip-address", "127.0.0.1", "--port", port,
         "--dashboard-host", "127.0.0.1", "--dashboard-port", dash_port,
         "--num-cpus", str(settings.ray.num_cpus), "--disable-usage-stats",
-    ], env=LOOPBACK_ENV)
+    ], env={**LOOPBACK_ENV, **ray_cluster_env(), STACK_MARK: stack_mark(procs)}, secrets=False)
     wait_for("Ray dashboard", lambda: ray_head_running(settings), 180)
+
+
+#: Environment variable every process of ``up``'s Ray head inherits (raylet, workers, replicas, engines):
+#: how ``down`` finds one that outlived the head.
+STACK_MARK = "BATON_STACK"
+
+
+def stack_mark(procs: Processes) -> str:
+    return str(procs.run_dir.resolve())
+
+
+def kill_stack_leftovers(mark: str, *, grace_s: float = 5.0) -> int:
+    """SIGTERM, then SIGKILL, every process whose environment carries ``BATON_STACK=<mark>``."""
+    import psutil
+
+    needle = f"{STACK_MARK}={mark}".encode()
+    found: list[psutil.Process] = []
+    for p in psutil.process_iter():
+        if p.pid == os.getpid():
+            continue
+        try:
+            with open(f"/proc/{p.pid}/environ", "rb") as f:
+                if needle in f.read().split(b"\0"):
+                    found.append(p)
+        except OSError:
+            continue
+    for p in found:
+        with contextlib.suppress(psutil.Error):
+            p.terminate()
+    _, alive = psutil.wait_procs(found, timeout=grace_s)
+    for p in alive:
+        with contextlib.suppress(psutil.Error):
+            p.kill()
+    return len(found)
 
 
 # --- catalogue through the admin API ---------------------------------------------------------------------
@@ -237,35 +279,54 @@ def demo_key(admin: Admin, tenant: dict[str, object], state: Path) -> str:
     return key
 
 
-def wait_running(admin: Admin, deployment_id: object, timeout_s: float) -> None:
+def wait_running(admin: Admin, deployment: dict[str, object], settings: Settings, timeout_s: float) -> None:
+    """Until Ray Serve itself runs the deployment's app and the control plane has seen it: the row's
+    ``observed_state`` alone may still be the previous run's, before the reconciler's first pass."""
     from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
+    from baton.control.ray_client import RayServeClient
+
+    ray = RayServeClient.from_settings(settings)
     deadline = time.monotonic() + timeout_s
-    with Progress(SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(), transient=True) as bar:
-        task = bar.add_task("P/D deployment: waiting for Ray Serve", total=None)
-        while time.monotonic() < deadline:
-            r = admin.http.get(f"/deployments/{deployment_id}/status")
-            state = r.json().get("observed_state") if r.status_code == 200 else None
-            reason = r.json().get("observed_reason") if r.status_code == 200 else None
-            bar.update(task, description=f"P/D deployment: {state or 'unknown'}")
-            if state == "running":
-                return
-            if state == "failed":
-                raise typer.Exit(_fail(f"the deployment failed: {reason}"))
-            time.sleep(3)
+    try:
+        with Progress(SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(),
+                      transient=True) as bar:
+            task = bar.add_task("P/D deployment: waiting for Ray Serve", total=None)
+            while time.monotonic() < deadline:
+                try:
+                    app = ray.status().apps.get(str(deployment["name"]))
+                except Exception:
+                    app = None
+                r = admin.http.get(f"/deployments/{deployment['id']}/status")
+                state = r.json().get("observed_state") if r.status_code == 200 else None
+                reason = r.json().get("observed_reason") if r.status_code == 200 else None
+                serving = app.status if app is not None else "not deployed yet"
+                bar.update(task, description=f"P/D deployment: Ray Serve {serving.lower()}, control plane {state}")
+                if app is not None and app.status == "RUNNING" and state == "running":
+                    return
+                if state == "failed" or (app is not None and app.status == "DEPLOY_FAILED"):
+                    raise typer.Exit(_fail(f"the deployment failed: {reason or app.message if app else reason}"))
+                time.sleep(2)
+    finally:
+        ray.close()
     raise typer.Exit(_fail(f"the deployment was not running after {timeout_s:.0f} s (logs: var/log/ and Ray's "
                            "session logs, logs/serve/)"))
 
 
-def smoke(base_url: str, key: str) -> str:
+def smoke(base_url: str, key: str, timeout_s: float = 120.0) -> str:
+    """One chat completion through the gateway; a 503 (the app still starting) is retried until the timeout."""
     import httpx
 
-    r = httpx.post(f"{base_url}/v1/chat/completions", headers={"authorization": f"Bearer {key}"}, timeout=120,
-                   json={"model": DEMO_MODEL, "max_tokens": 12, "temperature": 0,
-                         "messages": [{"role": "user", "content": "Hello, Baton!"}]})
-    if r.status_code != 200:
-        raise typer.Exit(_fail(f"chat completion through the gateway failed: {r.status_code} {r.text[:300]}"))
-    return str(r.json()["choices"][0]["message"]["content"])
+    deadline = time.monotonic() + timeout_s
+    while True:
+        r = httpx.post(f"{base_url}/v1/chat/completions", headers={"authorization": f"Bearer {key}"}, timeout=120,
+                       json={"model": DEMO_MODEL, "max_tokens": 12, "temperature": 0,
+                             "messages": [{"role": "user", "content": "Hello, Baton!"}]})
+        if r.status_code == 200:
+            return str(r.json()["choices"][0]["message"]["content"])
+        if r.status_code != 503 or time.monotonic() > deadline:
+            raise typer.Exit(_fail(f"chat completion through the gateway failed: {r.status_code} {r.text[:300]}"))
+        time.sleep(2)
 
 
 # --- commands -------------------------------------------------------------------------------------------
@@ -326,7 +387,7 @@ def up(
     if with_model:
         tenant, deployment = ensure_catalogue(admin, model_dir, settings.redis.lmcache_url)
         key = demo_key(admin, tenant, state)
-        wait_running(admin, deployment["id"], timeout_s)
+        wait_running(admin, deployment, settings, timeout_s)
         reply = smoke(base_url, key)
         out.print(f"[green]ok[/] {DEMO_DEPLOYMENT}: prefill and decode pools running; a chat completion "
                   f"answered {reply[:40]!r}")
@@ -340,8 +401,12 @@ def up(
 
 
 def down() -> None:
-    """Stop what `baton up` started (gateway, worker, the Ray head and its Serve apps)."""
+    """Stop what `baton up` started (gateway, worker, the Ray head and its Serve apps), then any process
+    of this stack's Ray head that outlived it."""
     procs = Processes(_state_dir())
     for name in ("gateway", "worker", "ray"):
         if procs.stop(name, timeout_s=60):
             typer.echo(f"stopped {name}")
+    left = kill_stack_leftovers(stack_mark(procs))
+    if left:
+        typer.echo(f"stopped {left} leftover process(es) of the Ray head (replicas, engines)")

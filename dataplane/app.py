@@ -8,13 +8,19 @@ Aggregated mode is Ray Serve LLM's `build_openai_app`. P/D mode follows Ray's `b
 (ingress -> decode server -> prefill server) but builds the decode side from
 `baton.dataplane.pd.BatonPDDecodeServer`, Baton's seam for the recovery ladder; Ray's builder has no
 parameter for that class.
+
+On a cluster with Ray Serve LLM's direct streaming (``RAY_SERVE_LLM_ENABLE_DIRECT_STREAMING=1``, part
+of :func:`baton.dataplane.render.ray_cluster_env`) the LLM server itself is the app's ingress (the
+aggregated server, or the decode server in P/D), as Ray's own builders do under that flag; without
+Ray's ingress request router, since Serve's HAProxy balances the replicas by least connections.
 """
 
 from __future__ import annotations
 
+import os
 from typing import TYPE_CHECKING, Any
 
-from baton.dataplane.render import render_llm_config
+from baton.dataplane.render import DIRECT_STREAMING_ENV, render_llm_config
 from baton.dataplane.spec import DeploymentSpec
 
 if TYPE_CHECKING:
@@ -31,10 +37,23 @@ def ingress_deployment_config(spec: DeploymentSpec) -> dict[str, Any]:
     return {}
 
 
-def build_aggregated_app(spec: DeploymentSpec) -> Application:
-    """Each replica prefills and decodes (Ray Serve LLM `build_openai_app`)."""
-    from ray.serve.llm import LLMConfig, build_openai_app
+def direct_streaming() -> bool:
+    """Whether the Ray cluster serves apps with the LLM server as their HTTP ingress (see
+    :func:`baton.dataplane.render.ray_cluster_env`)."""
+    return os.environ.get(DIRECT_STREAMING_ENV, "0") == "1"
 
+
+def build_aggregated_app(spec: DeploymentSpec) -> Application:
+    """Each replica prefills and decodes (Ray Serve LLM `build_openai_app`; under direct streaming the
+    LLM server is the app's ingress, behind Serve's HAProxy with its own load balancing)."""
+    from ray import serve
+    from ray.llm._internal.serve.core.server.llm_server import LLMServer
+    from ray.serve.llm import LLMConfig, build_llm_deployment, build_openai_app
+
+    if direct_streaming():
+        direct: Application = build_llm_deployment(LLMConfig(**render_llm_config(spec, "aggregated")),
+                                                   deployment_cls=serve.ingress()(LLMServer))
+        return direct
     return build_openai_app(
         {
             "llm_configs": [LLMConfig(**render_llm_config(spec, "aggregated"))],
@@ -66,12 +85,19 @@ def build_pd_app(spec: DeploymentSpec) -> Application:
     )
     prefill_cls: Any = PDPrefillServer
     prefill = build_llm_deployment(args.prefill_config, name_prefix="Prefill:", deployment_cls=prefill_cls)
+    decode_cls: Any = BatonPDDecodeServer  # an LLMServer subclass in Ray's code
+    if direct_streaming():
+        # The decode server is the app's ingress: its own chat/completions (prefill, then decode) serve
+        # HTTP; Ray's PDOrchestratorMixin re-points vLLM's native routes at them.
+        decode_cls = serve.ingress()(BatonPDDecodeServer)
     decode = build_llm_deployment(
         args.decode_config,
         name_prefix="Decode:",
         bind_kwargs={"prefill_server": prefill},
-        deployment_cls=BatonPDDecodeServer,  # type: ignore[arg-type]  # an LLMServer subclass in Ray's code
+        deployment_cls=decode_cls,
     )
+    if direct_streaming():
+        return decode
     ingress_cls = args.ingress_cls_config.ingress_cls
     options = maybe_apply_llm_deployment_config_defaults(
         ingress_cls.get_deployment_options([args.decode_config]), args.ingress_deployment_config

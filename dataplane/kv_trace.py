@@ -77,6 +77,18 @@ class _Bounded(OrderedDict[str, Any]):
             self.popitem(last=False)
 
 
+def ensure_bindable(host: str, port: int) -> None:
+    """Raises if ``host:port`` cannot be bound now (ZMQ binds without SO_REUSEADDR too)."""
+    import socket
+
+    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM) as s:
+        try:
+            s.bind((host, port))
+        except OSError as exc:
+            raise RuntimeError(f"NIXL side-channel port {host}:{port} is not free ({exc.strerror}); another "
+                               "engine (or a leftover of one) holds it") from None
+
+
 def _note_of(request: Any, t_ns: int) -> _Note | None:
     params = getattr(request, "kv_transfer_params", None)
     if not isinstance(params, dict):
@@ -129,6 +141,15 @@ class NixlConnector(_VllmNixlConnector):
             self._baton_shape = None
 
     # -- scheduler half ---------------------------------------------------------------------------
+
+    def set_xfer_handshake_metadata_pp_aware(self, metadata: Any) -> None:
+        """vLLM starts the NIXL side-channel listener here and waits, without a timeout, for a thread that
+        dies if the port is taken: the engine would hang forever in its start-up. A port that cannot be
+        bound fails the engine's start instead (so Ray restarts the replica), with the reason."""
+        sched: Any = self.connector_scheduler
+        if sched is not None and getattr(sched, "_nixl_handshake_listener_t", None) is None:
+            ensure_bindable(str(sched.side_channel_host), int(sched.side_channel_port))
+        super().set_xfer_handshake_metadata_pp_aware(metadata)
 
     def update_state_after_alloc(self, request: Any, blocks: Any, num_external_tokens: int) -> Any:
         if num_external_tokens > 0:

@@ -25,6 +25,11 @@ LMCACHE_CONNECTOR_CLASS = "BatonLMCacheConnectorV1"
 # Python API otherwise busy-polls: a core per engine).
 CPU_NIXL_PROGRESS_WAKEUP_MS = 10.0
 
+# Ray Serve LLM's variable naming the vLLM engine class of a replica, and Baton's engine class.
+RAY_ENGINE_CLS_ENV = "RAYLLM_VLLM_ENGINE_CLS"
+ENGINE_CLS_PATH = "baton.dataplane.engine:BatonVLLMEngine"
+ENGINE_EXECUTOR_ENV = "BATON_ENGINE_EXECUTOR"
+
 # Environment every CPU engine replica gets: keep every listener on loopback, never reach the hub.
 CPU_ENV: dict[str, str] = {
     "HF_HUB_OFFLINE": "1",
@@ -37,6 +42,12 @@ CPU_ENV: dict[str, str] = {
     # all to the same core list.
     "VLLM_CPU_OMP_THREADS_BIND": "nobind",
     "VLLM_ENABLE_V1_MULTIPROCESSING": "1",
+    # A single-rank engine runs its model inside the engine-core process (`baton.dataplane.engine`): no
+    # worker process, and no shared-memory queue between the two whose readers spin on sched_yield()
+    # for a second after every message.
+    ENGINE_EXECUTOR_ENV: "uni",
+    # OpenMP threads sleep when a parallel region ends instead of spinning for the next one.
+    "OMP_WAIT_POLICY": "PASSIVE",
 }
 # The prefill side of the recovery ladder (`baton.dataplane.recovery`); a spec's `env` overrides them.
 RECOVERY_ENV: dict[str, str] = {
@@ -53,6 +64,41 @@ GPU_ENV: dict[str, str] = {
     # RDMA first, then CUDA IPC/copies; UCX picks the best transport among these per peer.
     "UCX_TLS": "rc,ud,cuda_copy,cuda_ipc,tcp",
 }
+
+
+# Ray Serve LLM's flag: the LLM server replica is its app's HTTP ingress (no separate OpenAI ingress
+# deployment); `baton.dataplane.app` builds Baton's apps that way when it is set.
+DIRECT_STREAMING_ENV = "RAY_SERVE_LLM_ENABLE_DIRECT_STREAMING"
+
+
+def ray_cluster_env(*, haproxy_stats_port: int | None = None, haproxy_metrics_port: int | None = None,
+                    direct_ingress_ports: tuple[int, int] | None = None) -> dict[str, str]:
+    """Environment of every Ray node (the head's ``ray start``, KubeRay's containers) that serves Baton's apps.
+
+    - Serve's HTTP ingress is HAProxy, forwarding each request straight to the HTTP port of an ingress
+      replica (direct ingress) instead of through Serve's Python proxy actor, and the ingress replica
+      is the LLM server itself (direct streaming): gateway -> HAProxy -> engine replica, no Python hop
+      between them. Ports: HAProxy's stats and metrics listeners (defaults 8404, 9101) and the
+      replicas' range (default 30000-31000) can be moved apart for several heads on one host.
+    - Every Ray worker runs in a process group of its own that the raylet kills when the worker ends
+      (``process_group_cleanup_enabled``), so a replica's engine processes end with it, also when the
+      replica is SIGKILLed.
+    """
+    env = {
+        "RAY_SERVE_ENABLE_HA_PROXY": "1",
+        "RAY_SERVE_ENABLE_DIRECT_INGRESS": "1",
+        DIRECT_STREAMING_ENV: "1",
+        "RAY_process_group_cleanup_enabled": "1",
+    }
+    if haproxy_stats_port is not None:
+        env["RAY_SERVE_HAPROXY_STATS_PORT"] = str(haproxy_stats_port)
+    if haproxy_metrics_port is not None:
+        env["RAY_SERVE_HAPROXY_METRICS_PORT"] = str(haproxy_metrics_port)
+    if direct_ingress_ports is not None:
+        lo, hi = direct_ingress_ports
+        env["RAY_SERVE_DIRECT_INGRESS_MIN_HTTP_PORT"] = str(lo)
+        env["RAY_SERVE_DIRECT_INGRESS_MAX_HTTP_PORT"] = str(hi)
+    return env
 
 
 def render_serve_application(spec: DeploymentSpec) -> dict[str, Any]:
@@ -78,6 +124,7 @@ def render_serve_config(
 def engine_env(spec: DeploymentSpec) -> dict[str, str]:
     """Environment variables of an engine replica under the spec's device profile."""
     env = dict(CPU_ENV if spec.device == "cpu" else GPU_ENV)
+    env[RAY_ENGINE_CLS_ENV] = ENGINE_CLS_PATH
     if spec.device == "cpu":
         gib = kv_cache_space_gib(spec)
         if float(gib).is_integer():

@@ -81,8 +81,18 @@ def upstream_headers(request_id: str, traceparent: str, *, stream: bool) -> dict
 
 # -- upstream errors -----------------------------------------------------------------------------
 
+#: Said when the model's Serve app is not there (yet) or has no ready replica: deploying, restarting, or
+#: not deployed on this Ray cluster. The gateway has already checked the model exists and is granted.
+STARTING_MESSAGE = "The model is starting or has no ready replica right now. Retry shortly."
+STARTING_RETRY_AFTER_S = 5
+
+
 def upstream_error(status: int, content: bytes) -> errors.BatonError:
-    """An engine's error reply as a client error (4xx: its message is for the client) or a 502."""
+    """An engine's error reply as a client error (4xx: its message is for the client), a 503 while the
+    model's app is not serving (Serve's ingress answers 404 for an app it does not have, 503 without a
+    ready replica), or a 502."""
+    if status in (404, 503):
+        return errors.UnavailableError(STARTING_MESSAGE, headers={"retry-after": str(STARTING_RETRY_AFTER_S)})
     if status >= 500 or status < 400:
         return errors.UpstreamError("The model failed to answer. Try again.")
     message = "The model rejected the request."

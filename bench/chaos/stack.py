@@ -24,7 +24,7 @@ from typing import Any
 import httpx
 
 from baton.bench.chaos.faults import RedisTier
-from baton.bench.procs import Proc, free_port
+from baton.bench.procs import Proc, free_port, isolated_ray_env
 
 DEPLOY_TIMEOUT_S = 900.0
 
@@ -136,7 +136,7 @@ class ChaosStack:
         gcs, dash, serve = free_port(), free_port(), free_port()
         self.ray_temp = Path(f"/tmp/baton-chaos-{gcs}")  # noqa: S108 - short: Ray puts sockets here
         env = {"HF_HUB_OFFLINE": "1", "VLLM_HOST_IP": "127.0.0.1", "VLLM_NIXL_SIDE_CHANNEL_HOST": "127.0.0.1",
-               "UCX_NET_DEVICES": "lo", "RAY_USAGE_STATS_ENABLED": "0"}
+               "UCX_NET_DEVICES": "lo", "RAY_USAGE_STATS_ENABLED": "0", **isolated_ray_env()}
         cmd = [_ray_bin(), "start", "--head", "--block", "--node-ip-address", "127.0.0.1", "--port", str(gcs),
                "--dashboard-host", "127.0.0.1", f"--dashboard-port={dash}", "--num-cpus", str(self.cfg.num_cpus),
                f"--temp-dir={self.ray_temp}", "--disable-usage-stats",

@@ -18,6 +18,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from baton.bench.procs import isolated_ray_env
 from baton.dataplane.spec import DeploymentSpec
 from baton.dataplane.tinymodel import build_tiny_model
 
@@ -135,6 +136,9 @@ def serve_cluster() -> Iterator[ServeCluster]:
 
     metrics_port = _free_port()
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    # Serve's HAProxy ingress and direct streaming, as on every Baton cluster (the Serve controller and
+    # the replicas inherit the driver's environment).
+    os.environ.update(isolated_ray_env())
     ray.init(
         address="local",  # always a cluster of our own, even when another head runs on this host
         num_cpus=8,

@@ -24,6 +24,7 @@ from fastapi import FastAPI
 from fastapi.testclient import TestClient
 from pydantic import SecretStr
 
+from baton.bench.procs import isolated_ray_env
 from tests.conftest import migrated_database, settings_for
 
 pytestmark = pytest.mark.e2e
@@ -48,6 +49,7 @@ def ray_head(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
         "VLLM_HOST_IP": "127.0.0.1",
         "VLLM_NIXL_SIDE_CHANNEL_HOST": "127.0.0.1",
         "UCX_NET_DEVICES": "lo",
+        **isolated_ray_env(),
     }
     log = (tmp_path_factory.mktemp("ray") / "head.log").open("w")
     head = subprocess.Popen(

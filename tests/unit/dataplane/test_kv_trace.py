@@ -199,3 +199,17 @@ def test_it_keeps_vllms_name_so_the_engine_front_end_can_rebuild_its_stats() -> 
     filed_as = kv_trace.BatonNixlConnector.__name__  # what MultiConnector.get_kv_connector_stats uses
     rebuilt = MultiConnector.build_kv_connector_stats(data={filed_as: {"transfer_duration": [0.5]}})
     assert rebuilt is not None and rebuilt.data[filed_as].data["transfer_duration"] == [0.5]
+
+
+def test_a_side_channel_port_held_by_another_process_fails_the_start_with_the_reason() -> None:
+    import socket
+
+    from baton.dataplane.kv_trace import ensure_bindable
+
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", 0))
+        held.listen()
+        port = held.getsockname()[1]
+        with pytest.raises(RuntimeError, match=f"127.0.0.1:{port} is not free"):
+            ensure_bindable("127.0.0.1", port)
+    ensure_bindable("127.0.0.1", port)  # free again

@@ -116,3 +116,12 @@ def test_a_client_that_goes_away_is_noticed_while_the_engine_is_slow() -> None:
     _, outcome = asyncio.run(_run_relay(_Chunks([ROLE, TOKEN, TOKEN], stall=True), disconnect_after_sends=4))
     assert outcome.status is m.RequestStatus.CANCELLED and outcome.metered
     assert outcome.completion_tokens == 2 and outcome.prompt_tokens == 9  # counted: no usage report came
+
+
+def test_an_app_that_is_not_serving_reads_as_starting_not_as_a_bad_request() -> None:
+    """Serve's ingress answers 404 for an app it does not have yet and 503 without a ready replica."""
+    for status, body in ((404, b"Not Found"), (503, b"<html>No server is available</html>")):
+        err = upstream_error(status, body)
+        assert isinstance(err, errors.UnavailableError) and err.status == 503
+        assert "starting" in err.message and "Not Found" not in err.message
+        assert err.extra["headers"]["retry-after"] == "5"

@@ -253,3 +253,19 @@ def test_worker_groups_can_hold_every_pool_at_its_maximum(overlay: str) -> None:
                 g = groups[pool]
                 gpus = int(g["template"]["spec"]["containers"][0]["resources"]["limits"]["nvidia.com/gpu"])
                 assert spec[pool]["max"] * tp <= gpus * g["maxReplicas"], (spec["name"], pool)
+
+
+@pytest.mark.parametrize("overlay", k8s.OVERLAYS)
+def test_every_ray_container_runs_with_the_cluster_environment(overlay: str) -> None:
+    """Head and workers carry :func:`ray_cluster_env` (HAProxy ingress, direct streaming, process groups):
+    the apps are built for it, and a node without it would serve them through the slower path."""
+    from baton.dataplane.render import ray_cluster_env
+
+    rs = k8s.by_kind(k8s.render(overlay), "RayService")["baton-ray"]
+    cluster = rs["spec"]["rayClusterConfig"]
+    pods = [cluster["headGroupSpec"]] + list(cluster["workerGroupSpecs"])
+    for pod in pods:
+        for c in pod["template"]["spec"]["containers"]:
+            env = {e["name"]: e.get("value") for e in c.get("env", [])}
+            for name, value in ray_cluster_env().items():
+                assert env.get(name) == value, (overlay, c["name"], name)

@@ -1,0 +1,47 @@
+"""Ray Serve LLM's vLLM engine with the executor Baton's device profile asks for.
+
+Ray Serve LLM always gives vLLM the multiprocessing executor on CPU nodes: the engine-core process
+spawns a worker process for the model and the two talk through vLLM's shared-memory message queue,
+whose readers spin on ``sched_yield()`` for a second after every message (``SpinCondition``,
+``busy_loop_s=1``). With one rank there is nothing to distribute: on a CPU host that is two processes
+burning a core each around every request, beside the other engines, Ray and the gateway.
+
+:class:`BatonVLLMEngine` runs the model inside the engine-core process instead (vLLM's ``uni``
+executor) when the replica's environment says so (``BATON_ENGINE_EXECUTOR=uni``, set by the CPU
+profile in :mod:`baton.dataplane.render`) and the engine has a single rank. Everything else is Ray's
+``VLLMEngine``. Ray picks the class from ``RAYLLM_VLLM_ENGINE_CLS`` in the replica's environment, for
+the aggregated, prefill and decode servers alike.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from typing import Any
+
+from ray.llm._internal.serve.engines.vllm.vllm_engine import VLLMEngine
+
+from baton.dataplane.render import ENGINE_EXECUTOR_ENV
+
+log = logging.getLogger(__name__)
+
+
+def choose_executor(parallel_config: Any, wanted: str | None) -> str | None:
+    """The executor backend to run with, or None to keep Ray's choice."""
+    if wanted != "uni":
+        return None
+    if int(getattr(parallel_config, "world_size", 1)) != 1:
+        return None  # several ranks need the multiprocessing executor
+    return "uni"
+
+
+class BatonVLLMEngine(VLLMEngine):
+    """Ray's vLLM engine; on a single-rank CPU engine the model runs in the engine-core process."""
+
+    def _start_async_llm_engine(self, vllm_engine_args: Any, vllm_engine_config: Any, placement_group: Any) -> Any:
+        parallel = vllm_engine_config.parallel_config
+        backend = choose_executor(parallel, os.environ.get(ENGINE_EXECUTOR_ENV))
+        if backend is not None and parallel.distributed_executor_backend != backend:
+            log.info("engine executor: %s (was %s)", backend, parallel.distributed_executor_backend)
+            parallel.distributed_executor_backend = backend
+        return super()._start_async_llm_engine(vllm_engine_args, vllm_engine_config, placement_group)
