@@ -263,7 +263,7 @@ def test_every_ray_container_runs_with_the_cluster_environment(overlay: str) -> 
 
     rs = k8s.by_kind(k8s.render(overlay), "RayService")["baton-ray"]
     cluster = rs["spec"]["rayClusterConfig"]
-    pods = [cluster["headGroupSpec"]] + list(cluster["workerGroupSpecs"])
+    pods = [cluster["headGroupSpec"], *cluster["workerGroupSpecs"]]
     for pod in pods:
         for c in pod["template"]["spec"]["containers"]:
             env = {e["name"]: e.get("value") for e in c.get("env", [])}
