@@ -35,11 +35,11 @@ def isolated_ray_env() -> dict[str, str]:
     listeners, the direct-ingress range), for a Ray head that shares the host with other heads."""
     import random
 
-    from baton.dataplane.render import ray_cluster_env
+    from baton.dataplane.render import CPU_HOST_CONTROL_LOOP_S, ray_cluster_env
 
     base = random.randrange(32000, 39000, 100)
     return ray_cluster_env(haproxy_stats_port=free_port(), haproxy_metrics_port=free_port(),
-                           direct_ingress_ports=(base, base + 99))
+                           direct_ingress_ports=(base, base + 99), control_loop_s=CPU_HOST_CONTROL_LOOP_S)
 
 
 def log_dir(state_dir: Path | str = "var") -> Path:

@@ -25,7 +25,7 @@ import typer
 if TYPE_CHECKING:
     from baton.core.settings import Settings
 
-from baton.dataplane.render import ray_cluster_env
+from baton.dataplane.render import CPU_HOST_CONTROL_LOOP_S, ray_cluster_env
 
 DEMO_TENANT = "demo"
 DEMO_MODEL = "tiny-llama"
@@ -175,7 +175,10 @@ def start_ray_head(settings: Settings, procs: Processes) -> None:
         _bin("ray"), "start", "--head", "--block", "--node-ip-address", "127.0.0.1", "--port", port,
         "--dashboard-host", "127.0.0.1", "--dashboard-port", dash_port,
         "--num-cpus", str(settings.ray.num_cpus), "--disable-usage-stats",
-    ], env={**LOOPBACK_ENV, **ray_cluster_env(), STACK_MARK: stack_mark(procs)}, secrets=False)
+        # Nothing reads Ray's log monitor here (no driver attaches): Ray's logs stay in its session folder.
+        "--include-log-monitor=false",
+    ], env={**LOOPBACK_ENV, **ray_cluster_env(control_loop_s=CPU_HOST_CONTROL_LOOP_S), STACK_MARK: stack_mark(procs)},
+        secrets=False)
     wait_for("Ray dashboard", lambda: ray_head_running(settings), 180)
 
 
