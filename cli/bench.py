@@ -421,3 +421,75 @@ def recovery(  # noqa: PLR0917 - typer options
                    f"{_fmt(r['fresh_ttft_ms_median'], 1)} ms, ratio {_fmt(r['ratio_median'], 2)}, all completed "
                    f"{r['all_completed']}, text = undisturbed {r['all_equal_undisturbed']}")
     typer.echo(f"results: {path}")
+
+
+@app.command()
+def path(  # noqa: PLR0917 - typer options
+    model_dir: Annotated[Path | None, typer.Option("--model-dir", help="Tiny model folder (built if unset).")] = None,
+    concurrency: Annotated[list[int] | None, typer.Option("--concurrency", help="Repeat for several.")] = None,
+    num_prompts: Annotated[int, typer.Option("--num-prompts", help="Requests per arm, concurrency and round.")] = 40,
+    rounds: Annotated[int, typer.Option("--rounds", help="Turns per arm (order reversed every other round).")] = 2,
+    input_len: Annotated[int, typer.Option("--input-len")] = 256,
+    output_len: Annotated[int, typer.Option("--output-len")] = 64,
+    saturation_prompts: Annotated[int, typer.Option("--saturation-prompts")] = 64,
+    saturation_concurrency: Annotated[int, typer.Option("--saturation-concurrency")] = 16,
+    arm: Annotated[list[str] | None, typer.Option("--arm", help="engine, serve-agg, serve-pd, baton-agg, baton-pd "
+                                                  "(repeat; default all).")] = None,
+    seed: Annotated[int, typer.Option("--seed")] = 0,
+    fresh_db: Annotated[bool, typer.Option("--fresh-db/--configured-db",
+                                           help="Tenants and usage in a new database dropped afterwards.")] = True,
+    out: OutOpt = None,
+) -> None:
+    """The request path hop by hop: bare engine, Ray Serve aggregated and P/D apps, and Baton in front of
+    each, in turns on the same prompts; TTFT/ITL at each concurrency, throughput at saturation, CPU per
+    request by process, and each P/D request's TTFT split into hops from its spans."""
+    from contextlib import ExitStack
+
+    from baton.bench import report
+    from baton.bench.chaos.stack import fresh_database
+    from baton.bench.path import ARMS, PathConfig, plot, run_path
+    from baton.core.db import Database
+    from baton.core.settings import load_settings
+
+    arms = arm or list(ARMS)
+    unknown = [a for a in arms if a not in ARMS]
+    if unknown:
+        raise typer.BadParameter(f"unknown arm(s) {unknown}; choose from {list(ARMS)}", param_hint="--arm")
+    if "engine" not in arms:
+        arms = ["engine", *arms]  # the reference every figure is compared with
+    cfg = PathConfig(model_dir=model_dir, concurrencies=concurrency or [1, 8], num_prompts=num_prompts, rounds=rounds,
+                     input_len=input_len, output_len=output_len, saturation_prompts=saturation_prompts,
+                     saturation_concurrency=saturation_concurrency, arms=arms, seed=seed)
+    settings = load_settings()
+    with ExitStack() as stack:
+        if fresh_db:
+            settings = stack.enter_context(fresh_database(settings, log=typer.echo))
+        db = Database.for_services(settings)
+        stack.callback(db.dispose)
+        with _progress() as factory:
+            result = run_path(cfg, settings, db, log=typer.echo, progress=factory)
+    target = _out_path(out, "path")
+    written = report.write_json(target, result)
+    png = plot(written.with_suffix(".png"), result)
+    _print_path(result)
+    typer.echo(f"results: {written}\nplot: {png}")
+
+
+def _print_path(result: dict[str, Any]) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    t = Table(title="baton bench path (ms)")
+    for col in ("concurrency", "arm", "ok/fail", "TTFT p50", "TTFT p99", "added TTFT p50", "ITL p50", "ITL p99",
+                "ITL p50 / engine"):
+        t.add_column(col, justify="right")
+    for conc, block in result["concurrency"].items():
+        for arm, e in block.items():
+            s = e["summary"]
+            t.add_row(conc, arm, f"{s['completed']}/{s['failed']}", _fmt(s["ttft_ms"]["p50"]),
+                      _fmt(s["ttft_ms"]["p99"]), _fmt(e.get("added_ttft_p50_ms")), _fmt(s["itl_ms"]["p50"]),
+                      _fmt(s["itl_ms"]["p99"]), _fmt(e.get("itl_p50_ratio")))
+    console = Console(width=max(Console().width, 140))
+    console.print(t)
+    for name, row in result["targets"].items():
+        console.print(f"{name}: {_fmt(row['measured'])} (target {row['target']}) met={row['met']}")

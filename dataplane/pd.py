@@ -36,6 +36,7 @@ class _RecordingBackend:
 
     def prepare_prefill_request(self, *, request: Any, peer: Any) -> Any:
         prefill_request = self._inner.prepare_prefill_request(request=request, peer=peer)
+        clamp_min_tokens(prefill_request)
         rt = dp_tracing.current.get()
         if rt is not None:
             rt.start_prefill(prefill_request)
@@ -59,6 +60,14 @@ class _RecordingBackend:
             rt.end_prefill(prefill_response, handoff["prompt_tokens"], int(handoff["remote_blocks"] or 0))
             rt.start_decode(decode_request, {**handoff, "connector": "nixl"})
         return decode_request
+
+
+def clamp_min_tokens(prefill_request: Any) -> None:
+    """The prefill request makes one token (Ray clamps ``max_tokens``); a client's ``min_tokens`` above 1
+    would make vLLM refuse it ("min_tokens must be less than or equal to max_tokens=1"). The decode
+    request keeps the client's value."""
+    if (getattr(prefill_request, "min_tokens", None) or 0) > 1:
+        prefill_request.min_tokens = 1
 
 
 def _count_blocks(block_ids: Any) -> int:

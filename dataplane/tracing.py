@@ -43,6 +43,9 @@ from baton.core.settings import TelemetrySettings
 log = logging.getLogger(__name__)
 
 TRACEPARENT_PARAM = "baton.traceparent"
+#: On ``dataplane.prefill``: when the decode server began handling the request (ns since the epoch), so
+#: the time between the gateway and the decode server's first step is measurable.
+ATTR_RECEIVED = "baton.server.received_unix_nano"
 REQUEST_ID_PARAM = "baton.request_id"
 _DTYPE_BYTES = {"float32": 4, "float": 4, "float16": 2, "half": 2, "bfloat16": 2, "fp8": 1, "float8": 1}
 
@@ -123,6 +126,7 @@ class RequestTrace:
     output_tokens: int | None = None
     chunks: int = 0
     handoff_done: bool = False
+    received_ns: int = field(default_factory=time.time_ns)  # the decode server began handling the request
 
     # -- prefill ----------------------------------------------------------------------------------
 
@@ -133,7 +137,8 @@ class RequestTrace:
         self.prefill_attempts += 1
         self.prefill = self.tracer.start_span(t.SPAN_PREFILL, context=self.parent, kind=SpanKind.CLIENT,
                                               attributes={"baton.prefill.attempt": self.prefill_attempts,
-                                                          "baton.replica": self.replica})
+                                                          "baton.replica": self.replica,
+                                                          ATTR_RECEIVED: self.received_ns})
         tp = t.traceparent_of(self.prefill)
         _set_param(prefill_request, TRACEPARENT_PARAM, tp)
         _set_header(self.raw, tp)

@@ -82,6 +82,131 @@ def _wait(what: str, check: Any, timeout_s: float, proc: Proc | None = None) -> 
         time.sleep(1)
 
 
+@dataclass
+class RayHead:
+    """A Ray head of a benchmark's own (``ray start --head --block`` in its own process group)."""
+
+    proc: Proc
+    dashboard_url: str
+    serve_port: int
+    temp_dir: Path
+
+    def stop(self) -> None:
+        """The whole head's process group: raylet, GCS, dashboard, every worker and engine."""
+        if self.proc.popen is None:
+            return
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.proc.pid, signal.SIGTERM)
+        try:
+            self.proc.popen.wait(60)
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.popen.wait(10)
+
+
+def start_head(logs: Path, *, num_cpus: int = 8, env: dict[str, str] | None = None) -> RayHead:
+    """A loopback-only Ray head on free ports, with Baton's cluster environment (HAProxy ingress, direct
+    streaming, process groups: :func:`baton.bench.procs.isolated_ray_env`)."""
+    gcs, dash, serve = free_port(), free_port(), free_port()
+    temp = Path(f"/tmp/baton-head-{gcs}")  # noqa: S108 - short: Ray puts sockets here
+    head_env = {"HF_HUB_OFFLINE": "1", "VLLM_HOST_IP": "127.0.0.1", "VLLM_NIXL_SIDE_CHANNEL_HOST": "127.0.0.1",
+                "UCX_NET_DEVICES": "lo", "RAY_USAGE_STATS_ENABLED": "0", **isolated_ray_env(), **(env or {})}
+    cmd = [_ray_bin(), "start", "--head", "--block", "--node-ip-address", "127.0.0.1", "--port", str(gcs),
+           "--dashboard-host", "127.0.0.1", f"--dashboard-port={dash}", "--num-cpus", str(num_cpus),
+           f"--temp-dir={temp}", "--disable-usage-stats",
+           f"--ray-client-server-port={free_port()}", f"--dashboard-agent-listen-port={free_port()}",
+           f"--metrics-export-port={free_port()}", f"--runtime-env-agent-port={free_port()}",
+           f"--node-manager-port={free_port()}", f"--object-manager-port={free_port()}"]
+    proc = Proc("ray-head", cmd, env=head_env, log_path=logs / "ray-head.log").start()
+    url = f"http://127.0.0.1:{dash}"
+    try:
+        _wait("Ray head", lambda: httpx.get(f"{url}/api/version", timeout=2).status_code < 500, 180, proc)
+    except BaseException:
+        RayHead(proc, url, serve, temp).stop()
+        raise
+    return RayHead(proc, url, serve, temp)
+
+
+def deploy(head: RayHead, specs: list[Any], *, timeout_s: float = DEPLOY_TIMEOUT_S) -> dict[str, str]:
+    """Applies the specs' Serve config on the head and waits until every app runs; their OpenAI base URLs."""
+    from baton.control.ray_client import RayServeClient, read_token
+    from baton.dataplane.render import render_serve_config
+
+    config = render_serve_config(specs, http_host="127.0.0.1", http_port=head.serve_port)
+    client = RayServeClient(head.dashboard_url, token=read_token(Path.home() / ".ray" / "auth_token"),
+                            timeout_s=60)
+    names = [s.name for s in specs]
+    try:
+        client.apply(config)
+        deadline = time.monotonic() + timeout_s
+        while True:
+            apps = client.status().apps
+            for name in names:
+                app = apps.get(name)
+                if app is not None and app.status == "DEPLOY_FAILED":
+                    raise RuntimeError(f"deploying {name} failed: {app.message[:2000]}")
+            if all(apps.get(n) is not None and apps[n].status == "RUNNING" for n in names):
+                break
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"{names} not running after {timeout_s:.0f} s: {apps}")
+            time.sleep(3)
+    finally:
+        client.close()
+    return {s.name: f"http://127.0.0.1:{head.serve_port}{s.route_prefix.rstrip('/')}/v1" for s in specs}
+
+
+def add_tenant(db: Any, settings: Any, models: dict[str, Path], *, max_model_len: int, prefix: str) -> tuple[
+        uuid.UUID, str]:
+    """Catalogue models (name -> tiny model folder) and a new tenant granted all of them; its key."""
+    from baton.control.keys import KeyService
+    from baton.core import models as m
+
+    with db.system() as uow:
+        for model_name, model_dir in models.items():
+            if uow.models.by_name(model_name) is None:
+                uow.models.add(m.Model(name=model_name, source=str(Path(model_dir).resolve()),
+                                       context_length=max_model_len, num_layers=2, num_kv_heads=2, head_dim=32,
+                                       dtype="float32"))
+        name = f"{prefix}-{uuid.uuid4().hex[:10]}"
+        t = uow.tenants.add(m.Tenant(name=name, display_name=name))
+        for model_name in models:
+            model = uow.models.by_name(model_name)
+            assert model is not None
+            uow.tenant_models.grant(t.id, model.id)
+        uow.commit()
+        tenant_id = t.id
+    issued = KeyService(db, settings).issue(tenant_id=tenant_id, name=prefix, created_by=f"baton-{prefix}")
+    return tenant_id, issued.secret
+
+
+def start_gateway(settings: Any, upstreams: dict[str, str], logs: Path, *,
+                  env: dict[str, str] | None = None) -> tuple[Proc, str]:
+    """A ``baton gateway run`` subprocess serving ``upstreams`` (model -> OpenAI base URL)."""
+    s = settings
+    port = free_port()
+    gw_env = {
+        "BATON_ENV": s.env,
+        "BATON_DB__URL": s.db.url,
+        "BATON_DB__APP_ROLE": s.db.app_role,
+        "BATON_DB__APP_URL": s.db.service_url(),
+        "BATON_REDIS__URL": s.redis.url,
+        "BATON_SECURITY__KEY_SECRET": s.security.key_secret.get_secret_value(),
+        "BATON_GATEWAY__UPSTREAMS": json.dumps(upstreams),
+        "PYTHONUNBUFFERED": "1",
+        **(env or {}),
+    }
+    proc = Proc("gateway", [sys.executable, "-m", "baton.cli.main", "gateway", "run", "--port", str(port)],
+                env=gw_env, log_path=logs / "gateway.log").start()
+    url = f"http://127.0.0.1:{port}"
+    try:
+        _wait("gateway", lambda: httpx.get(f"{url}/healthz", timeout=2).status_code == 200, 300, proc)
+    except BaseException:
+        proc.stop()
+        raise
+    return proc, url
+
+
 def deployment_spec(cfg: StackConfig, model_dir: Path, redis_url: str | None, nixl_port_base: int,
                     facts_redis_url: str) -> Any:
     from baton.dataplane.spec import DeploymentSpec
@@ -114,10 +239,9 @@ class ChaosStack:
         self.db = db
         self.log = log
         self.logs = Path(cfg.state_dir) / "logs"
-        self.head: Proc | None = None
+        self.head: RayHead | None = None
         self.gateway: Proc | None = None
         self.tier: RedisTier | None = None
-        self.ray_temp: Path | None = None
 
     # -- pieces ---------------------------------------------------------------------------------
 
@@ -132,87 +256,11 @@ class ChaosStack:
             build_tiny_model(folder, seed=0)
         return folder
 
-    def _start_head(self) -> tuple[str, int]:
-        gcs, dash, serve = free_port(), free_port(), free_port()
-        self.ray_temp = Path(f"/tmp/baton-chaos-{gcs}")  # noqa: S108 - short: Ray puts sockets here
-        env = {"HF_HUB_OFFLINE": "1", "VLLM_HOST_IP": "127.0.0.1", "VLLM_NIXL_SIDE_CHANNEL_HOST": "127.0.0.1",
-               "UCX_NET_DEVICES": "lo", "RAY_USAGE_STATS_ENABLED": "0", **isolated_ray_env()}
-        cmd = [_ray_bin(), "start", "--head", "--block", "--node-ip-address", "127.0.0.1", "--port", str(gcs),
-               "--dashboard-host", "127.0.0.1", f"--dashboard-port={dash}", "--num-cpus", str(self.cfg.num_cpus),
-               f"--temp-dir={self.ray_temp}", "--disable-usage-stats",
-               f"--ray-client-server-port={free_port()}", f"--dashboard-agent-listen-port={free_port()}",
-               f"--metrics-export-port={free_port()}", f"--runtime-env-agent-port={free_port()}",
-               f"--node-manager-port={free_port()}", f"--object-manager-port={free_port()}"]
-        self.head = Proc("ray-head", cmd, env=env, log_path=self.logs / "ray-head.log").start()
-        url = f"http://127.0.0.1:{dash}"
-        _wait("Ray head", lambda: httpx.get(f"{url}/api/version", timeout=2).status_code < 500, 180, self.head)
-        return url, serve
-
-    def _deploy(self, dashboard_url: str, serve_port: int, model_dir: Path) -> str:
-        from baton.control.ray_client import RayServeClient, read_token
-        from baton.dataplane.render import render_serve_config
-
-        nixl = 30000 + (serve_port % 50) * 500
+    def _deploy(self, head: RayHead, model_dir: Path) -> str:
+        nixl = 24000 + (head.serve_port % 40) * 100
         spec = deployment_spec(self.cfg, model_dir, self.tier.url if self.tier else None, nixl,
                                self.settings.redis.url)
-        config = render_serve_config([spec], http_host="127.0.0.1", http_port=serve_port)
-        client = RayServeClient(dashboard_url, token=read_token(Path.home() / ".ray" / "auth_token"), timeout_s=60)
-        try:
-            client.apply(config)
-            deadline = time.monotonic() + DEPLOY_TIMEOUT_S
-            while True:
-                app = client.status().apps.get(self.cfg.app)
-                if app is not None and app.status == "RUNNING":
-                    break
-                if app is not None and app.status == "DEPLOY_FAILED":
-                    raise RuntimeError(f"deploying {self.cfg.app} failed: {app.message[:2000]}")
-                if time.monotonic() > deadline:
-                    raise TimeoutError(f"{self.cfg.app} not running after {DEPLOY_TIMEOUT_S:.0f} s: {app}")
-                time.sleep(3)
-        finally:
-            client.close()
-        return f"http://127.0.0.1:{serve_port}/{self.cfg.app}/v1"
-
-    def _catalogue(self, model_dir: Path) -> tuple[uuid.UUID, str]:
-        from baton.control.keys import KeyService
-        from baton.core import models as m
-
-        db = self.db
-        with db.system() as uow:
-            if uow.models.by_name(self.cfg.model_name) is None:
-                uow.models.add(m.Model(name=self.cfg.model_name, source=str(model_dir.resolve()),
-                                       context_length=self.cfg.max_model_len, num_layers=2, num_kv_heads=2,
-                                       head_dim=32, dtype="float32"))
-            name = f"chaos-{uuid.uuid4().hex[:10]}"
-            t = uow.tenants.add(m.Tenant(name=name, display_name=name))
-            model = uow.models.by_name(self.cfg.model_name)
-            assert model is not None
-            uow.tenant_models.grant(t.id, model.id)
-            uow.commit()
-            tenant_id = t.id
-        issued = KeyService(db, self.settings).issue(tenant_id=tenant_id, name="chaos", created_by="baton-chaos")
-        return tenant_id, issued.secret
-
-    def _start_gateway(self, upstream: str) -> str:
-        s = self.settings
-        port = free_port()
-        env = {
-            "BATON_ENV": s.env,
-            "BATON_DB__URL": s.db.url,
-            "BATON_DB__APP_ROLE": s.db.app_role,
-            "BATON_DB__APP_URL": s.db.service_url(),
-            "BATON_REDIS__URL": s.redis.url,
-            "BATON_SECURITY__KEY_SECRET": s.security.key_secret.get_secret_value(),
-            "BATON_GATEWAY__UPSTREAMS": json.dumps({self.cfg.model_name: upstream}),
-            "PYTHONUNBUFFERED": "1",
-        }
-        if self.tier is not None:
-            env["BATON_REDIS__LMCACHE_URL"] = self.tier.url
-        self.gateway = Proc("gateway", [sys.executable, "-m", "baton.cli.main", "gateway", "run", "--port", str(port)],
-                            env=env, log_path=self.logs / "gateway.log").start()
-        url = f"http://127.0.0.1:{port}"
-        _wait("gateway", lambda: httpx.get(f"{url}/healthz", timeout=2).status_code == 200, 300, self.gateway)
-        return url
+        return deploy(head, [spec])[self.cfg.app]
 
     # -- lifecycle ------------------------------------------------------------------------------
 
@@ -223,12 +271,15 @@ class ChaosStack:
                 self.tier = RedisTier(free_port(), self.logs / "redis-tier.log")
                 self.tier.start()
                 self.log(f"LMCache Redis tier: {self.tier.url}")
-            dashboard, serve_port = self._start_head()
+            self.head = head = start_head(self.logs, num_cpus=self.cfg.num_cpus)
+            dashboard = head.dashboard_url
             self.log(f"Ray head: dashboard {dashboard}; deploying {self.cfg.app} "
                      f"({self.cfg.prefill} prefill + {self.cfg.decode} decode)")
-            upstream = self._deploy(dashboard, serve_port, model_dir)
-            tenant_id, secret = self._catalogue(model_dir)
-            gateway = self._start_gateway(upstream)
+            upstream = self._deploy(head, model_dir)
+            tenant_id, secret = add_tenant(self.db, self.settings, {self.cfg.model_name: model_dir},
+                                           max_model_len=self.cfg.max_model_len, prefix="chaos")
+            extra = {"BATON_REDIS__LMCACHE_URL": self.tier.url} if self.tier is not None else None
+            self.gateway, gateway = start_gateway(self.settings, {self.cfg.model_name: upstream}, self.logs, env=extra)
             self.log(f"gateway {gateway} -> {upstream}")
         except BaseException:
             self.close()
@@ -240,16 +291,8 @@ class ChaosStack:
     def close(self) -> None:
         if self.gateway is not None:
             self.gateway.stop()
-        if self.head is not None and self.head.popen is not None:
-            # the whole head's process group: raylet, GCS, dashboard, every worker and engine
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(self.head.pid, signal.SIGTERM)
-            try:
-                self.head.popen.wait(60)
-            except subprocess.TimeoutExpired:
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(self.head.pid, signal.SIGKILL)
-                self.head.popen.wait(10)
+        if self.head is not None:
+            self.head.stop()
             _kill_leftovers(self.cfg.app)
         if self.tier is not None:
             self.tier.stop()

@@ -8,16 +8,15 @@ from __future__ import annotations
 
 import os
 import socket
-import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import httpx
 import pytest
 
+from baton.bench.otlp import Receiver, receiver
 from baton.bench.procs import isolated_ray_env
 from baton.dataplane.spec import DeploymentSpec
 from baton.dataplane.tinymodel import build_tiny_model
@@ -207,55 +206,7 @@ def wait_new_keys(client, before: set[bytes], count: int, timeout_s: float = 60)
 # -- spans from every process of the stack --------------------------------------------------------
 
 
-class Receiver:
-    """Spans received over OTLP/HTTP (protobuf), flattened to dicts."""
-
-    def __init__(self) -> None:
-        self.spans: list[dict] = []
-        self.lock = threading.Lock()
-
-    def add(self, body: bytes) -> None:
-        from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
-
-        req = ExportTraceServiceRequest()
-        req.ParseFromString(body)
-        with self.lock:
-            for rs in req.resource_spans:
-                service = next((a.value.string_value for a in rs.resource.attributes if a.key == "service.name"), "")
-                for ss in rs.scope_spans:
-                    for s in ss.spans:
-                        attrs = {}
-                        for a in s.attributes:
-                            v = a.value
-                            attrs[a.key] = getattr(v, v.WhichOneof("value")) if v.WhichOneof("value") else None
-                        self.spans.append({"name": s.name, "trace": s.trace_id.hex(), "id": s.span_id.hex(),
-                                           "parent": s.parent_span_id.hex(), "attrs": attrs, "service": service,
-                                           "start": s.start_time_unix_nano, "end": s.end_time_unix_nano})
-
-    def trace(self, trace_id: str) -> list[dict]:
-        with self.lock:
-            return [s for s in self.spans if s["trace"] == trace_id]
-
-
 @pytest.fixture(scope="session")
 def otlp_receiver() -> Iterator[tuple[str, Receiver]]:
-    rec = Receiver()
-
-    class Handler(BaseHTTPRequestHandler):
-        def do_POST(self) -> None:
-            body = self.rfile.read(int(self.headers.get("content-length") or 0))
-            if self.path == "/v1/traces":
-                rec.add(body)
-            self.send_response(200)
-            self.send_header("content-type", "application/x-protobuf")
-            self.end_headers()
-
-        def log_message(self, *args: object) -> None:
-            pass
-
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    try:
-        yield f"http://127.0.0.1:{server.server_address[1]}", rec
-    finally:
-        server.shutdown()
+    with receiver() as got:
+        yield got
