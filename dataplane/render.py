@@ -296,9 +296,12 @@ def render_llm_config(spec: DeploymentSpec, role: Role) -> dict[str, Any]:
         "deployment_config": deployment,
         "log_engine_metrics": True,
     }
+    # Each token leaves the server as soon as the engine yields it (Ray batches a stream's outputs every
+    # 50 ms by default: the first token and every gap would wait for the batch).
+    cfg["experimental_configs"] = {"stream_batching_interval_ms": 0}
     if spec.kv.connector == "nixl" and role != "aggregated":
         offset = 0 if role == "prefill" else NIXL_DECODE_PORT_OFFSET
-        cfg["experimental_configs"] = {"NIXL_SIDE_CHANNEL_PORT_BASE": spec.kv.nixl_port_base + offset}
+        cfg["experimental_configs"]["NIXL_SIDE_CHANNEL_PORT_BASE"] = spec.kv.nixl_port_base + offset
     if spec.device == "cpu":
         # The replica actor and its engine share one fractional bundle, so a 2-core machine can hold
         # several replicas; vLLM's own processes are not Ray-scheduled.

@@ -169,8 +169,15 @@ def test_kv_size_formula_block_rounded():
 
 def test_nixl_side_channel_ports_come_from_the_spec():
     spec = pd_spec(kv={"connector": "nixl", "nixl_port_base": 31000})
-    assert render_llm_config(spec, "prefill")["experimental_configs"] == {"NIXL_SIDE_CHANNEL_PORT_BASE": 31000}
-    assert render_llm_config(spec, "decode")["experimental_configs"] == {"NIXL_SIDE_CHANNEL_PORT_BASE": 33000}
+    assert render_llm_config(spec, "prefill")["experimental_configs"]["NIXL_SIDE_CHANNEL_PORT_BASE"] == 31000
+    assert render_llm_config(spec, "decode")["experimental_configs"]["NIXL_SIDE_CHANNEL_PORT_BASE"] == 33000
+
+
+def test_every_pool_streams_each_token_as_the_engine_yields_it():
+    """Ray Serve LLM batches a stream's outputs every 50 ms unless told otherwise."""
+    for spec, roles in ((pd_spec(), ("prefill", "decode")), (DeploymentSpec(name="a", model=MODEL), ("aggregated",))):
+        for role in roles:
+            assert render_llm_config(spec, role)["experimental_configs"]["stream_batching_interval_ms"] == 0
 
 
 def test_lmcache_settings_are_all_known_to_lmcache():
