@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import math
 import secrets
 import statistics
 import sys
@@ -103,8 +104,11 @@ def _specs(cfg: PathConfig, model_dir: Path, otlp: str, facts_redis: str, nixl_b
 
 
 def engine_profile_env() -> dict[str, str]:
-    """The bare engine with the CPU profile's engine settings (executor in-process, passive OpenMP)."""
-    return {"VLLM_ENABLE_V1_MULTIPROCESSING": "0", "OMP_WAIT_POLICY": "PASSIVE", "VLLM_CPU_OMP_THREADS_BIND": "nobind"}
+    """The bare engine with the CPU profile's engine settings (executor in-process, passive OpenMP) and the
+    thread count of the Serve replicas' engines: Ray gives a worker that holds a fraction of a CPU one
+    OpenMP thread (``OMP_NUM_THREADS=1``)."""
+    return {"VLLM_ENABLE_V1_MULTIPROCESSING": "0", "OMP_WAIT_POLICY": "PASSIVE", "VLLM_CPU_OMP_THREADS_BIND": "nobind",
+            "OMP_NUM_THREADS": "1"}
 
 
 @contextlib.contextmanager
@@ -192,8 +196,10 @@ def _label(group: str, p: Any) -> str:
         title = (p.cmdline() or [p.name()])[0]
     except Exception:
         title = group
+    if group == "engine":
+        return "bare engine: engine core" if title.startswith("VLLM::") else "bare engine: API server"
     if group != "ray":
-        return f"{group}: engine" if title.startswith("VLLM::") else group
+        return group
     if title.startswith("VLLM::"):
         with contextlib.suppress(Exception):
             parent = (p.parent().cmdline() or [""])[0]
@@ -413,14 +419,67 @@ def plot(path: Path, result: dict[str, Any]) -> Path:
             continue
         ax2.barh(pd_arms, vals, left=bottoms, color=cmap(k % 10), label=hop)
         bottoms = [b + v for b, v in zip(bottoms, vals, strict=True)]
-    ax2.set_xlabel("ms (median per hop, concurrency %s)" % (concs[0] if concs else "?"))
+    engine = c1.get("engine", {}).get("summary", {}).get("ttft_ms", {}).get("p50")
+    if engine:
+        ax2.axvline(engine, color="black", linestyle="--", linewidth=1, label="bare engine TTFT p50")
+    ax2.set_xlabel(f"ms (median per hop, concurrency {concs[0] if concs else '?'})")
     ax2.set_title("P/D TTFT by hop (spans)")
-    ax2.legend(fontsize=7, loc="lower right")
+    if pd_arms:
+        ax2.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.14), ncol=3)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return path
 
 
+
+def markdown(result: dict[str, Any]) -> str:
+    """The tables of ``docs/benchmarks.md``'s path section, from a result (``baton bench path --from-json``)."""
+    lines: list[str] = []
+    lines.append("| concurrency | arm | ok/fail | TTFT p50 | TTFT p99 | added TTFT p50 | ITL p50 | ITL p99 "
+                 "| ITL p50 / engine |")
+    lines.append("|---|---|---|---|---|---|---|---|---|")
+    for conc, block in result["concurrency"].items():
+        for arm, e in block.items():
+            s = e["summary"]
+            lines.append(f"| {conc} | {arm} | {s['completed']}/{s['failed']} | {_f(s['ttft_ms']['p50'])} | "
+                         f"{_f(s['ttft_ms']['p99'])} | {_f(e.get('added_ttft_p50_ms'), signed=True)} | "
+                         f"{_f(s['itl_ms']['p50'])} | {_f(s['itl_ms']['p99'])} | {_f(e.get('itl_p50_ratio'))} |")
+    lines += ["", "| arm | output tok/s at saturation | vs engine |", "|---|---|---|"]
+    for arm, s in result.get("saturation", {}).items():
+        lines.append(f"| {arm} | {_f(s['output_throughput'], 0)} | {_f(result['saturation_vs_engine'].get(arm))} |")
+    c1 = result["concurrency"].get("1", {})
+    pd_arms = [a for a in result["arms"] if c1.get(a, {}).get("hops_ms_median")]
+    if pd_arms:
+        lines += ["", "| hop (median ms, concurrency 1) | " + " | ".join(pd_arms) + " |",
+                  "|---|" + "---|" * len(pd_arms)]
+        for hop in HOPS:
+            vals = [c1[a]["hops_ms_median"].get(hop) for a in pd_arms]
+            if any(v is not None for v in vals):
+                lines.append(f"| {hop} | " + " | ".join(_f(v) for v in vals) + " |")
+        lines.append("| **sum (= TTFT of the median request per hop)** | "
+                     + " | ".join(_f(sum(c1[a]["hops_ms_median"].values())) for a in pd_arms) + " |")
+    cpu = result.get("cpu_ms_per_request_c1") or {}
+    if cpu:
+        lines += ["", "| CPU ms per request (concurrency 1) | " + " | ".join(cpu) + " |", "|---|" + "---|" * len(cpu)]
+        labels: list[str] = []
+        for per in cpu.values():
+            labels += [k for k in per if k not in labels]
+        top = sorted(labels, key=lambda k: -max(per.get(k, 0.0) for per in cpu.values()))[:10]
+        for label in top:
+            lines.append(f"| {label} | " + " | ".join(_f(per.get(label)) for per in cpu.values()) + " |")
+        lines.append("| **all processes** | " + " | ".join(_f(sum(per.values())) for per in cpu.values()) + " |")
+    lines += ["", "| target | measured | target | met |", "|---|---|---|---|"]
+    for name, row in result.get("targets", {}).items():
+        lines.append(f"| {name} | {_f(row['measured'])} | {row['target']} | {'yes' if row['met'] else 'no'} |")
+    return "\n".join(lines) + "\n"
+
+
+def _f(v: Any, digits: int = 2, *, signed: bool = False) -> str:
+    if v is None or (isinstance(v, float) and math.isnan(v)):
+        return "-"
+    if isinstance(v, int | float):
+        return f"{v:+.{digits}f}" if signed else f"{v:,.{digits}f}"
+    return str(v)
 if __name__ == "__main__":  # pragma: no cover - use `baton bench path`
     sys.exit("run `baton bench path --help`")

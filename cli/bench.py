@@ -438,6 +438,9 @@ def path(  # noqa: PLR0917 - typer options
     seed: Annotated[int, typer.Option("--seed")] = 0,
     fresh_db: Annotated[bool, typer.Option("--fresh-db/--configured-db",
                                            help="Tenants and usage in a new database dropped afterwards.")] = True,
+    from_json: Annotated[Path | None, typer.Option(
+        "--from-json", help="Run nothing: print the Markdown tables of a result and redraw its plot beside it.")]
+    = None,
     out: OutOpt = None,
 ) -> None:
     """The request path hop by hop: bare engine, Ray Serve aggregated and P/D apps, and Baton in front of
@@ -447,9 +450,17 @@ def path(  # noqa: PLR0917 - typer options
 
     from baton.bench import report
     from baton.bench.chaos.stack import fresh_database
-    from baton.bench.path import ARMS, PathConfig, plot, run_path
+    from baton.bench.path import ARMS, PathConfig, markdown, plot, run_path
     from baton.core.db import Database
     from baton.core.settings import load_settings
+
+    if from_json is not None:
+        import json
+
+        loaded = json.loads(from_json.read_text())
+        typer.echo(markdown(loaded))
+        typer.echo(f"plot: {plot(from_json.with_suffix('.png'), loaded)}")
+        return
 
     arms = arm or list(ARMS)
     unknown = [a for a in arms if a not in ARMS]
@@ -472,6 +483,7 @@ def path(  # noqa: PLR0917 - typer options
     written = report.write_json(target, result)
     png = plot(written.with_suffix(".png"), result)
     _print_path(result)
+    typer.echo(markdown(result))
     typer.echo(f"results: {written}\nplot: {png}")
 
 

@@ -26,7 +26,7 @@ from baton.dataplane.spec import DeploymentSpec
 #: Keys of ``deployments.engine_settings`` that are not vLLM engine settings but placement.
 PLACEMENT_KEYS = ("cpus_per_replica", "accelerator_type", "env")
 #: Keys of ``deployments.engine_settings`` that are KV-transport settings (``DeploymentSpec.kv``).
-KV_KEYS = ("nixl_progress_wakeup_ms",)
+KV_KEYS = ("nixl_progress_wakeup_ms", "nixl_idle_step_pause_ms")
 
 
 def route_prefix(name: str) -> str:

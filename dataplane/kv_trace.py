@@ -4,8 +4,9 @@ Loaded by vLLM through `kv_transfer_config` (`kv_connector: NixlConnector`,
 `kv_connector_module_path: baton.dataplane.kv_trace`): the module path takes priority over vLLM's own
 registry, while the connector keeps the name `NixlConnector`, so Ray Serve LLM still sets up NIXL's side
 channel for it and vLLM still applies its NIXL-specific settings. Everything NIXL does is unchanged
-but one setting, how its progress thread waits (`baton.dataplane.nixl_progress`, from the spec's
-`kv.nixl_progress_wakeup_ms`); otherwise this subclass only watches it.
+but how it waits (`baton.dataplane.nixl_progress`, from the spec's `kv.nixl_progress_wakeup_ms` and
+`kv.nixl_idle_step_pause_ms`): its progress thread, and the engine's empty steps while KV is held or
+awaited; otherwise this subclass only watches it.
 
 What it measures, and where:
 
@@ -121,10 +122,13 @@ class NixlConnector(_VllmNixlConnector):
     under its class name, and the engine's front-end process rebuilds them from vLLM's registry by that
     name (another name kills the engine at its first KV statistics)."""
 
+    _baton_idle_pause_s = 0.0
+
     def __init__(self, vllm_config: VllmConfig, role: Any, kv_cache_config: Any = None):
         # The worker half creates the NIXL agent here: its progress thread waits as the spec says.
         with nixl_progress.progress_wakeup(nixl_progress.wakeup_ms_of(vllm_config.kv_transfer_config)):
             super().__init__(vllm_config, role, kv_cache_config)
+        self._baton_idle_pause_s = nixl_progress.idle_pause_s(vllm_config.kv_transfer_config)
         self._baton_pending: _Bounded = _Bounded()  # scheduler half: req id -> _Note
         self._baton_recv: _Bounded = _Bounded()  # worker half: req id -> _Recv
         self._baton_hold: _Bounded = _Bounded()  # worker half: req id -> _Note
@@ -197,6 +201,8 @@ class NixlConnector(_VllmNixlConnector):
                 self._drop_stale(self._baton_pending, lambda n: n.t_ns / 1e9)
             except Exception:
                 log.debug("KV trace hook failed", exc_info=True)
+        if self._baton_idle_pause_s and nixl_progress.empty_step(scheduler_output, meta):
+            time.sleep(self._baton_idle_pause_s)  # instead of stepping again at once: a CPU host's core
         return meta
 
     # -- worker half ------------------------------------------------------------------------------

@@ -1,4 +1,4 @@
-"""How NIXL's UCX progress thread waits: on UCX's wake-up fds, or by busy-polling.
+"""How a NIXL engine waits: its UCX progress thread, and its engine loop while KV is held or awaited.
 
 NIXL's UCX backend runs one shared progress thread per agent: it progresses every UCX worker, arms
 them, then ``poll()``s their event fds with a timeout of the agent's ``pthrDelay``. NIXL's Python API
@@ -11,6 +11,14 @@ cores the engines and everything else need.
 periodic wake-up every ``wakeup_ms`` as NIXL's own safety net for an event that never fires
 (``nixlUcxSharedThread``). Transfers complete on the events, not on the period: the period bounds the
 stall of a lost event, and costs one progress pass per period when idle.
+
+The engine loop has a busy wait of its own in P/D: vLLM keeps stepping an engine, with nothing to
+compute, for as long as a finished request's KV is pinned for the decode side (prefill) or a request
+waits for its KV (decode), so that it sees the "read done" notification or the finished transfer at
+once. On a GPU host an empty step is cheap against a core's worth of spare capacity; on a CPU host it
+is a core taken from the other engine for every handoff. :func:`idle_pause_s` is the pause the
+connector takes before such an empty step (``baton_idle_step_pause_ms``), which bounds what it adds
+to noticing either event.
 
 This is the one place Baton reaches into NIXL's Python API: for the duration of the block, the
 bindings module ``nixl_agent.__init__`` uses is replaced by a proxy whose ``nixlAgent`` constructor
@@ -27,8 +35,9 @@ import threading
 from collections.abc import Iterator
 from typing import Any
 
-#: Extra-config key of the NixlConnector (``kv_connector_extra_config``) that carries the setting.
+#: Extra-config keys of the NixlConnector (``kv_connector_extra_config``) that carry the settings.
 EXTRA_CONFIG_KEY = "baton_progress_wakeup_ms"
+IDLE_PAUSE_KEY = "baton_idle_step_pause_ms"
 
 _lock = threading.RLock()
 
@@ -81,10 +90,26 @@ def progress_wakeup(wakeup_ms: float | None, *, module: Any = None) -> Iterator[
             mod.nixlBind = real
 
 
-def wakeup_ms_of(kv_transfer_config: Any) -> float | None:
-    """The setting from a vLLM ``KVTransferConfig`` (``None`` when the spec left NIXL's default)."""
+def _extra(kv_transfer_config: Any, key: str) -> float | None:
     try:
-        value = kv_transfer_config.get_from_extra_config(EXTRA_CONFIG_KEY, None)
+        value = kv_transfer_config.get_from_extra_config(key, None)
         return None if value is None else float(value)
     except (AttributeError, TypeError, ValueError):
         return None
+
+
+def wakeup_ms_of(kv_transfer_config: Any) -> float | None:
+    """The progress-thread setting from a vLLM ``KVTransferConfig`` (``None``: NIXL's default)."""
+    return _extra(kv_transfer_config, EXTRA_CONFIG_KEY)
+
+
+def idle_pause_s(kv_transfer_config: Any) -> float:
+    """Seconds the engine pauses before a step with nothing to compute (0: vLLM's own busy steps)."""
+    ms = _extra(kv_transfer_config, IDLE_PAUSE_KEY)
+    return max(ms or 0.0, 0.0) / 1000.0
+
+
+def empty_step(scheduler_output: Any, meta: Any) -> bool:
+    """A step that computes nothing and starts no KV load: only waiting on a transfer or a notification."""
+    return (getattr(scheduler_output, "total_num_scheduled_tokens", 1) == 0
+            and not getattr(meta, "reqs_to_recv", None))

@@ -10,6 +10,7 @@ import math
 from typing import Any, Literal
 
 from baton.dataplane.nixl_progress import EXTRA_CONFIG_KEY as NIXL_PROGRESS_KEY
+from baton.dataplane.nixl_progress import IDLE_PAUSE_KEY as NIXL_IDLE_PAUSE_KEY
 from baton.dataplane.spec import DeploymentSpec, LMCacheTiers, ReplicaRange
 
 Role = Literal["aggregated", "prefill", "decode"]
@@ -24,6 +25,8 @@ LMCACHE_CONNECTOR_CLASS = "BatonLMCacheConnectorV1"
 # The NIXL progress thread's wake-up period on CPU hosts (`baton.dataplane.nixl_progress`; NIXL's
 # Python API otherwise busy-polls: a core per engine).
 CPU_NIXL_PROGRESS_WAKEUP_MS = 10.0
+# ... and the pause before an engine step with nothing to compute while KV is held or awaited.
+CPU_NIXL_IDLE_STEP_PAUSE_MS = 1.0
 
 # Ray Serve LLM's variable naming the vLLM engine class of a replica, and Baton's engine class.
 RAY_ENGINE_CLS_ENV = "RAYLLM_VLLM_ENGINE_CLS"
@@ -173,6 +176,13 @@ def nixl_progress_wakeup_ms(spec: DeploymentSpec) -> float:
     return CPU_NIXL_PROGRESS_WAKEUP_MS if spec.device == "cpu" else 0.0
 
 
+def nixl_idle_step_pause_ms(spec: DeploymentSpec) -> float:
+    """The pause before an empty engine step of a NIXL engine under the device profile (0: vLLM's loop)."""
+    if spec.kv.nixl_idle_step_pause_ms is not None:
+        return spec.kv.nixl_idle_step_pause_ms
+    return CPU_NIXL_IDLE_STEP_PAUSE_MS if spec.device == "cpu" else 0.0
+
+
 def kv_cache_space_gib(spec: DeploymentSpec) -> float:
     return spec.engine.kv_cache_space_gib if spec.engine.kv_cache_space_gib is not None else 1.0
 
@@ -219,6 +229,7 @@ def kv_transfer_config(spec: DeploymentSpec, role: Role) -> dict[str, Any] | Non
                 "kv_connector_extra_config": {
                     "backends": list(spec.kv.nixl_backends),
                     NIXL_PROGRESS_KEY: nixl_progress_wakeup_ms(spec),
+                    NIXL_IDLE_PAUSE_KEY: nixl_idle_step_pause_ms(spec),
                 },
             }
         )

@@ -157,6 +157,15 @@ class KVTransferSettings(_Strict):
         "Profile default: cpu 10 ms (cores are scarce, loopback transfers gain nothing from polling), "
         "gpu 0 (NIXL's own default).",
     )
+    nixl_idle_step_pause_ms: float | None = Field(
+        default=None,
+        ge=0,
+        le=100,
+        description="Pause (ms) before an engine step that computes nothing while KV is held for the decode "
+        "side or awaited from prefill: vLLM otherwise steps such an engine in a loop to see the notification "
+        "or the finished transfer at once. It bounds what the pause adds to noticing either. Profile default: "
+        "cpu 1 ms, gpu 0 (vLLM's loop).",
+    )
     nixl_port_base: int = Field(
         default=20000,
         ge=1024,

@@ -170,7 +170,7 @@ class DeploymentCreate(_In):
                                  description="The decode pool (in aggregated mode: the only pool).")
     engine: dict[str, Any] = Field(default_factory=dict, description="vLLM engine settings (DeploymentSpec."
                                    "engine fields) plus placement: cpus_per_replica, accelerator_type, env; "
-                                   "and nixl_progress_wakeup_ms (DeploymentSpec.kv).")
+                                   "and nixl_progress_wakeup_ms, nixl_idle_step_pause_ms (DeploymentSpec.kv).")
     kv_connector: Literal["nixl", "none"] | None = None
     lmcache: dict[str, Any] | None = Field(None, description="LMCache tiers (DeploymentSpec.kv.lmcache).")
     device_profile: Literal["cpu", "gpu"] = "cpu"

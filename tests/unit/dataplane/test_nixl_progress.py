@@ -51,3 +51,24 @@ def test_setting_is_read_from_the_connector_extra_config():
     assert nixl_progress.wakeup_ms_of(Cfg({"baton_progress_wakeup_ms": 10})) == 10.0
     assert nixl_progress.wakeup_ms_of(Cfg({})) is None
     assert nixl_progress.wakeup_ms_of(None) is None
+
+
+def test_only_a_step_that_computes_nothing_and_starts_no_load_pauses():
+    def out(tokens: int) -> SimpleNamespace:
+        return SimpleNamespace(total_num_scheduled_tokens=tokens)
+
+    assert nixl_progress.empty_step(out(0), SimpleNamespace(reqs_to_recv={}))
+    assert not nixl_progress.empty_step(out(0), SimpleNamespace(reqs_to_recv={"r": 1}))  # a load starts now
+    assert not nixl_progress.empty_step(out(17), SimpleNamespace(reqs_to_recv={}))
+
+
+def test_the_pause_comes_from_the_extra_config():
+    class Cfg:
+        def __init__(self, extra: dict[str, Any]) -> None:
+            self.extra = extra
+
+        def get_from_extra_config(self, key: str, default: Any) -> Any:
+            return self.extra.get(key, default)
+
+    assert nixl_progress.idle_pause_s(Cfg({"baton_idle_step_pause_ms": 1})) == 0.001
+    assert nixl_progress.idle_pause_s(Cfg({})) == 0.0

@@ -216,9 +216,15 @@ def test_nixl_progress_thread_sleeps_on_cpu_and_busy_polls_on_gpu_unless_the_spe
         kv = render_llm_config(spec, "decode")["engine_kwargs"]["kv_transfer_config"]
         return float(kv["kv_connector_extra_config"]["baton_progress_wakeup_ms"])
 
+    def pause(spec: DeploymentSpec) -> float:
+        kv = render_llm_config(spec, "prefill")["engine_kwargs"]["kv_transfer_config"]
+        return float(kv["kv_connector_extra_config"]["baton_idle_step_pause_ms"])
+
     assert wakeup(pd_spec()) == 10.0
+    assert pause(pd_spec()) == 1.0
     gpu = DeploymentSpec(name="g", model=MODEL, mode="pd", device="gpu", kv={"connector": "nixl"})
     assert wakeup(gpu) == 0.0
+    assert pause(gpu) == 0.0
     assert wakeup(pd_spec(kv={"connector": "nixl", "nixl_progress_wakeup_ms": 50})) == 50.0
     with pytest.raises(ValidationError):
         pd_spec(kv={"connector": "nixl", "nixl_progress_wakeup_ms": -1})
