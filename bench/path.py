@@ -64,6 +64,8 @@ class PathConfig:
     warmup: int = 3
     arms: list[str] = field(default_factory=lambda: list(ARMS))
     kv_cache_gib: float = 0.5
+    pd_tiers: bool = True
+    """The P/D app with LMCache tiers (CPU memory and Redis), as ``baton up`` deploys it."""
     max_model_len: int = 2048
     seed: int = 0
     state_dir: Path = Path("var/bench/path")
@@ -96,9 +98,9 @@ def _specs(cfg: PathConfig, model_dir: Path, otlp: str, facts_redis: str, nixl_b
     }
     agg = DeploymentSpec(name="path-agg", route_prefix="/path-agg", mode="aggregated",
                          **{**common, "model": {**common["model"], "served_name": "tiny-agg"}})
+    tiers = {"redis_url": facts_redis, "local_cpu_gib": 0.25} if cfg.pd_tiers else None
     pd = DeploymentSpec(name="path-pd", route_prefix="/path-pd", mode="pd",
-                        kv={"connector": "nixl", "nixl_port_base": nixl_base,
-                            "lmcache": {"redis_url": facts_redis, "local_cpu_gib": 0.25}},
+                        kv={"connector": "nixl", "nixl_port_base": nixl_base, "lmcache": tiers},
                         **{**common, "model": {**common["model"], "served_name": "tiny-pd"}})
     return [agg, pd]
 
@@ -127,23 +129,27 @@ def path_stack(cfg: PathConfig, settings: Any, db: Any, otlp: str, *, log: Log) 
         log("starting a Ray head and deploying the aggregated and the P/D app")
         head = start_head(logs)
         es.callback(head.stop)
-        specs = _specs(cfg, model_dir, otlp, settings.redis.url, 24000 + (head.serve_port % 40) * 100)
-        urls = deploy(head, specs)
+        wanted = {"agg": any(a.endswith("-agg") for a in cfg.arms), "pd": any(a.endswith("-pd") for a in cfg.arms)}
+        specs = [s for s in _specs(cfg, model_dir, otlp, settings.redis.url, 24000 + (head.serve_port % 40) * 100)
+                 if wanted[s.name.removeprefix("path-")]]
+        urls = deploy(head, specs) if specs else {}
         engine.wait_http(engine_url.removesuffix("/v1") + "/health", timeout_s=300)
-        _, key = add_tenant(db, settings, {"tiny-agg": model_dir, "tiny-pd": model_dir},
-                            max_model_len=cfg.max_model_len, prefix="path")
-        gateway, gw_url = start_gateway(settings, {"tiny-agg": urls["path-agg"], "tiny-pd": urls["path-pd"]}, logs,
-                                        env={"BATON_TELEMETRY__OTLP_ENDPOINT": otlp})
-        es.callback(gateway.stop)
-        targets = {
-            "engine": client.Target(engine_url, "tiny", name="engine"),
-            "serve-agg": client.Target(urls["path-agg"], "tiny-agg", name="serve-agg"),
-            "serve-pd": client.Target(urls["path-pd"], "tiny-pd", name="serve-pd"),
-            "baton-agg": client.Target(f"{gw_url}/v1", "tiny-agg", api_key=key, name="baton-agg"),
-            "baton-pd": client.Target(f"{gw_url}/v1", "tiny-pd", api_key=key, name="baton-pd"),
-        }
+        models = {f"tiny-{name.removeprefix('path-')}": url for name, url in urls.items()}
+        targets = {"engine": client.Target(engine_url, "tiny", name="engine")}
+        gateways: list[Proc] = []
+        for model, url in models.items():
+            targets[f"serve-{model.removeprefix('tiny-')}"] = client.Target(url, model, name=f"serve-{model[5:]}")
+        if any(a.startswith("baton-") for a in cfg.arms):
+            _, key = add_tenant(db, settings, dict.fromkeys(models, model_dir), max_model_len=cfg.max_model_len,
+                                prefix="path")
+            gateway, gw_url = start_gateway(settings, models, logs, env={"BATON_TELEMETRY__OTLP_ENDPOINT": otlp})
+            es.callback(gateway.stop)
+            gateways.append(gateway)
+            for model in models:
+                arm = f"baton-{model.removeprefix('tiny-')}"
+                targets[arm] = client.Target(f"{gw_url}/v1", model, api_key=key, name=arm)
         yield Stack(targets={a: targets[a] for a in cfg.arms},
-                    procs={"engine": [engine], "ray": [head.proc], "gateway": [gateway]})
+                    procs={"engine": [engine], "ray": [head.proc], "gateway": gateways})
 
 
 def _model_dir(cfg: PathConfig, log: Log) -> Path:

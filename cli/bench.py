@@ -436,6 +436,8 @@ def path(  # noqa: PLR0917 - typer options
     arm: Annotated[list[str] | None, typer.Option("--arm", help="engine, serve-agg, serve-pd, baton-agg, baton-pd "
                                                   "(repeat; default all).")] = None,
     seed: Annotated[int, typer.Option("--seed")] = 0,
+    pd_tiers: Annotated[bool, typer.Option("--pd-tiers/--no-pd-tiers",
+                                           help="LMCache tiers (CPU, Redis) on the P/D app, as baton up.")] = True,
     fresh_db: Annotated[bool, typer.Option("--fresh-db/--configured-db",
                                            help="Tenants and usage in a new database dropped afterwards.")] = True,
     from_json: Annotated[Path | None, typer.Option(
@@ -470,7 +472,7 @@ def path(  # noqa: PLR0917 - typer options
         arms = ["engine", *arms]  # the reference every figure is compared with
     cfg = PathConfig(model_dir=model_dir, concurrencies=concurrency or [1, 8], num_prompts=num_prompts, rounds=rounds,
                      input_len=input_len, output_len=output_len, saturation_prompts=saturation_prompts,
-                     saturation_concurrency=saturation_concurrency, arms=arms, seed=seed)
+                     saturation_concurrency=saturation_concurrency, arms=arms, seed=seed, pd_tiers=pd_tiers)
     settings = load_settings()
     with ExitStack() as stack:
         if fresh_db:
@@ -505,3 +507,31 @@ def _print_path(result: dict[str, Any]) -> None:
     console.print(t)
     for name, row in result["targets"].items():
         console.print(f"{name}: {_fmt(row['measured'])} (target {row['target']}) met={row['met']}")
+
+
+@app.command()
+def idle(
+    settle_s: Annotated[float, typer.Option("--settle", help="Seconds without traffic before measuring.")] = 10.0,
+    duration_s: Annotated[float, typer.Option("--duration", help="Seconds measured.")] = 10.0,
+    state_dir: Annotated[Path, typer.Option("--state-dir", help="The stack's state folder.")] = Path("var"),
+    out: OutOpt = None,
+) -> None:
+    """CPU of every process of the running `baton up` stack while idle, from outside (share of one core)."""
+    from baton.bench import report
+    from baton.bench.idle import measure
+
+    try:
+        result = measure(state_dir, settle_s=settle_s, duration_s=duration_s)
+    except RuntimeError as exc:
+        raise typer.Exit(_fail_bench(str(exc))) from None
+    path = report.write_json(_out_path(out, "idle"), result)
+    for r in result["processes"][:15]:
+        typer.echo(f"{100 * r['core_share']:6.1f}%  {r['process']}")
+    for name, row in result["targets"].items():
+        typer.echo(f"{name}: {_fmt(row['measured'], 3)} (target <= {row['target']}) met={row['met']}")
+    typer.echo(f"results: {path}")
+
+
+def _fail_bench(message: str) -> int:
+    typer.secho(message, fg="red", err=True)
+    return 1
