@@ -139,7 +139,8 @@ def test_a_cancelled_stream_frees_its_work_on_both_sides(deployment, serve_clust
     print(f"KV usage right after the hang-ups: prefill {serve_cluster.metric_sum(KV_USAGE, ReplicaId=prefill):.5f}, "
           f"decode {serve_cluster.metric_sum(KV_USAGE, ReplicaId=decode):.5f}")
     for replicas in (prefill, decode):
-        assert any(m.name == KV_USAGE and m.labels.get("ReplicaId") in replicas for m in serve_cluster.metrics())
+        seen = {m.labels.get("ReplicaId") for m in serve_cluster.metrics() if m.name == KV_USAGE}
+        assert seen & replicas, f"no {KV_USAGE} of {replicas}; exported for {seen}"
         assert serve_cluster.wait_metric(RUNNING, lambda v: v == 0, timeout_s=LEASE_S + 60, ReplicaId=replicas) == 0
         usage = serve_cluster.wait_metric(KV_USAGE, lambda v: v == 0, timeout_s=LEASE_S + 60, ReplicaId=replicas)
         assert usage == 0, f"KV still held on {replicas}: {usage}"

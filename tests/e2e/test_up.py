@@ -64,8 +64,10 @@ def test_up_serves_the_tiny_model_in_pd_mode_and_down_stops_it(tmp_path: Path, p
     baton = str(Path(sys.executable).with_name("baton"))
     db_url = make_url(pg_url).set(database=f"{make_url(pg_url).database}_up").render_as_string(hide_password=False)
     gateway, dashboard = _free_port(), _free_port()
+    # Not the other Ray heads' cluster settings of this session (their HAProxy and direct-ingress ports):
+    # `baton up` chooses its own.
     env = {
-        **os.environ,
+        **{k: v for k, v in os.environ.items() if not k.startswith(("RAY_SERVE_", "RAY_process_group"))},
         "BATON_STATE_DIR": str(tmp_path / "state"),
         "BATON_DB__URL": db_url,
         "BATON_GATEWAY__PORT": str(gateway),
