@@ -41,11 +41,11 @@ def stack_processes(state_dir: Path) -> list[Any]:
 def _title(p: Any) -> str:
     """Ray's and vLLM's process titles; ``python <script>`` for other Python processes."""
     with contextlib.suppress(Exception):
-        argv = p.cmdline()
+        argv: list[str] = p.cmdline()
         if argv and Path(argv[0]).name.startswith("python") and len(argv) > 1:
             rest = argv[2] if argv[1] in ("-m", "-u") and len(argv) > 2 else argv[1]
             return f"python {Path(rest).name}"
-        return argv[0] if argv else p.name()
+        return argv[0] if argv else str(p.name())
     return "?"
 
 

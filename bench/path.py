@@ -199,7 +199,7 @@ def _cpu_by_process(stack: Stack) -> dict[int, tuple[str, float]]:
 def _label(group: str, p: Any) -> str:
     """A stable name for a process: Ray's and vLLM's process titles, the engine under its replica."""
     try:
-        title = (p.cmdline() or [p.name()])[0]
+        title = str((p.cmdline() or [p.name()])[0])
     except Exception:
         title = group
     if group == "engine":
@@ -208,7 +208,7 @@ def _label(group: str, p: Any) -> str:
         return group
     if title.startswith("VLLM::"):
         with contextlib.suppress(Exception):
-            parent = (p.parent().cmdline() or [""])[0]
+            parent = str((p.parent().cmdline() or [""])[0])
             return f"engine of {parent.removeprefix('ray::ServeReplica:')}"
         return "engine"
     if title.startswith("ray::ServeReplica:"):
