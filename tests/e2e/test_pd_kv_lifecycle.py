@@ -139,8 +139,17 @@ def test_a_cancelled_stream_frees_its_work_on_both_sides(deployment, serve_clust
     print(f"KV usage right after the hang-ups: prefill {serve_cluster.metric_sum(KV_USAGE, ReplicaId=prefill):.5f}, "
           f"decode {serve_cluster.metric_sum(KV_USAGE, ReplicaId=decode):.5f}")
     for replicas in (prefill, decode):
-        seen = {m.labels.get("ReplicaId") for m in serve_cluster.metrics() if m.name == KV_USAGE}
-        assert seen & replicas, f"no {KV_USAGE} of {replicas}; exported for {seen}"
+        # an absent series sums to 0: wait until both engines' gauges are exported (Ray's agent drops a
+        # worker's series after 120 s without a report and exports the next one with a lag)
+        deadline = time.monotonic() + 60
+        while True:
+            metrics = serve_cluster.metrics()
+            seen = {m.labels.get("ReplicaId") for m in metrics if m.name == KV_USAGE}
+            if seen & replicas or time.monotonic() > deadline:
+                break
+            time.sleep(1)
+        engines = {(m.name, tuple(sorted(m.labels.items()))) for m in metrics if m.name.startswith("ray_vllm_")}
+        assert seen & replicas, f"no {KV_USAGE} of {replicas}; exported for {seen}; engine series: {sorted(engines)}"
         assert serve_cluster.wait_metric(RUNNING, lambda v: v == 0, timeout_s=LEASE_S + 60, ReplicaId=replicas) == 0
         usage = serve_cluster.wait_metric(KV_USAGE, lambda v: v == 0, timeout_s=LEASE_S + 60, ReplicaId=replicas)
         assert usage == 0, f"KV still held on {replicas}: {usage}"
