@@ -23,18 +23,17 @@ STACK_TARGET = 0.25
 def stack_processes(state_dir: Path) -> list[Any]:
     import psutil
 
+    from baton.bench.procs import marked_processes
+
     run = state_dir / "run"
-    needle = f"BATON_STACK={run.resolve()}".encode()
     found: dict[int, Any] = {}
     for name in ("gateway", "worker"):
         with contextlib.suppress(OSError, ValueError, psutil.Error):
             root = psutil.Process(int((run / f"{name}.pid").read_text().strip()))
             for p in [root, *root.children(recursive=True)]:
                 found[p.pid] = p
-    for p in psutil.process_iter():
-        with contextlib.suppress(OSError), open(f"/proc/{p.pid}/environ", "rb") as f:
-            if needle in f.read().split(b"\0"):
-                found[p.pid] = p
+    for p in marked_processes(str(run.resolve())):
+        found[p.pid] = p
     return list(found.values())
 
 

@@ -30,6 +30,42 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+#: Environment variable every process of a Ray head that Baton starts inherits (raylet, GCS, workers,
+#: replicas, engines, HAProxy): how its owner finds one that outlived the head (a worker in a process
+#: group of its own, an engine whose raylet died before it could end it).
+STACK_MARK = "BATON_STACK"
+
+
+def marked_processes(mark: str) -> list[Any]:
+    """Every process (but this one) whose environment carries ``BATON_STACK=<mark>``."""
+    import psutil
+
+    needle = f"{STACK_MARK}={mark}".encode()
+    found = []
+    for p in psutil.process_iter():
+        if p.pid == os.getpid():
+            continue
+        with contextlib.suppress(OSError), open(f"/proc/{p.pid}/environ", "rb") as f:
+            if needle in f.read().split(b"\0"):
+                found.append(p)
+    return found
+
+
+def kill_marked(mark: str, *, grace_s: float = 5.0) -> int:
+    """SIGTERM, then SIGKILL, every process carrying the mark; how many there were."""
+    import psutil
+
+    found = marked_processes(mark)
+    for p in found:
+        with contextlib.suppress(psutil.Error):
+            p.terminate()
+    _, alive = psutil.wait_procs(found, timeout=grace_s)
+    for p in alive:
+        with contextlib.suppress(psutil.Error):
+            p.kill()
+    return len(found)
+
+
 def isolated_ray_env() -> dict[str, str]:
     """:func:`baton.dataplane.render.ray_cluster_env` with ports of its own (HAProxy's stats and metrics
     listeners, the direct-ingress range), for a Ray head that shares the host with other heads."""

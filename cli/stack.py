@@ -25,6 +25,7 @@ import typer
 if TYPE_CHECKING:
     from baton.core.settings import Settings
 
+from baton.bench.procs import STACK_MARK, kill_marked
 from baton.dataplane.render import CPU_HOST_CONTROL_LOOP_S, ray_cluster_env
 
 DEMO_TENANT = "demo"
@@ -182,38 +183,9 @@ def start_ray_head(settings: Settings, procs: Processes) -> None:
     wait_for("Ray dashboard", lambda: ray_head_running(settings), 180)
 
 
-#: Environment variable every process of ``up``'s Ray head inherits (raylet, workers, replicas, engines):
-#: how ``down`` finds one that outlived the head.
-STACK_MARK = "BATON_STACK"
-
-
 def stack_mark(procs: Processes) -> str:
+    """The ``BATON_STACK`` mark of ``up``'s Ray head: how ``down`` finds a process that outlived it."""
     return str(procs.run_dir.resolve())
-
-
-def kill_stack_leftovers(mark: str, *, grace_s: float = 5.0) -> int:
-    """SIGTERM, then SIGKILL, every process whose environment carries ``BATON_STACK=<mark>``."""
-    import psutil
-
-    needle = f"{STACK_MARK}={mark}".encode()
-    found: list[psutil.Process] = []
-    for p in psutil.process_iter():
-        if p.pid == os.getpid():
-            continue
-        try:
-            with open(f"/proc/{p.pid}/environ", "rb") as f:
-                if needle in f.read().split(b"\0"):
-                    found.append(p)
-        except OSError:
-            continue
-    for p in found:
-        with contextlib.suppress(psutil.Error):
-            p.terminate()
-    _, alive = psutil.wait_procs(found, timeout=grace_s)
-    for p in alive:
-        with contextlib.suppress(psutil.Error):
-            p.kill()
-    return len(found)
 
 
 # --- catalogue through the admin API ---------------------------------------------------------------------
@@ -410,6 +382,6 @@ def down() -> None:
     for name in ("gateway", "worker", "ray"):
         if procs.stop(name, timeout_s=60):
             typer.echo(f"stopped {name}")
-    left = kill_stack_leftovers(stack_mark(procs))
+    left = kill_marked(stack_mark(procs))
     if left:
         typer.echo(f"stopped {left} leftover process(es) of the Ray head (replicas, engines)")

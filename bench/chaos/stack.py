@@ -24,7 +24,7 @@ from typing import Any
 import httpx
 
 from baton.bench.chaos.faults import RedisTier
-from baton.bench.procs import Proc, free_port, isolated_ray_env
+from baton.bench.procs import STACK_MARK, Proc, free_port, isolated_ray_env, kill_marked
 
 DEPLOY_TIMEOUT_S = 900.0
 
@@ -103,6 +103,9 @@ class RayHead:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(self.proc.pid, signal.SIGKILL)
             self.proc.popen.wait(10)
+        # workers run in process groups of their own; one whose raylet died first (an engine, HAProxy)
+        # still carries the head's mark
+        kill_marked(str(self.temp_dir))
 
 
 def start_head(logs: Path, *, num_cpus: int = 8, env: dict[str, str] | None = None) -> RayHead:
@@ -111,7 +114,8 @@ def start_head(logs: Path, *, num_cpus: int = 8, env: dict[str, str] | None = No
     gcs, dash, serve = free_port(), free_port(), free_port()
     temp = Path(f"/tmp/baton-head-{gcs}")  # noqa: S108 - short: Ray puts sockets here
     head_env = {"HF_HUB_OFFLINE": "1", "VLLM_HOST_IP": "127.0.0.1", "VLLM_NIXL_SIDE_CHANNEL_HOST": "127.0.0.1",
-                "UCX_NET_DEVICES": "lo", "RAY_USAGE_STATS_ENABLED": "0", **isolated_ray_env(), **(env or {})}
+                "UCX_NET_DEVICES": "lo", "RAY_USAGE_STATS_ENABLED": "0", **isolated_ray_env(), **(env or {}),
+                STACK_MARK: str(temp)}
     cmd = [_ray_bin(), "start", "--head", "--block", "--node-ip-address", "127.0.0.1", "--port", str(gcs),
            "--dashboard-host", "127.0.0.1", f"--dashboard-port={dash}", "--num-cpus", str(num_cpus),
            f"--temp-dir={temp}", "--disable-usage-stats",
