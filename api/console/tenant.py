@@ -70,9 +70,10 @@ def overview(ctx: Ctx, user: TenantUser) -> dict[str, Any]:
         models = uow.models.for_tenant(tid)
         keys = uow.api_keys.for_tenant(tid)
         usage = queries.usage_series(uow, tid, since=now - dt.timedelta(hours=24), until=now, bucket="hour")
-    live = [k for k in keys if k.expires_at is None or k.expires_at > now]
-    return {"tenant": {"id": str(tenant.id), "name": tenant.name, "display_name": tenant.display_name},
-            "models": len(models), "live_keys": len(live), "usage_24h": usage["totals"]}
+        # read inside the unit of work: leaving it rolls back, which expires every instance it loaded
+        live = [k for k in keys if k.expires_at is None or k.expires_at > now]
+        return {"tenant": {"id": str(tenant.id), "name": tenant.name, "display_name": tenant.display_name},
+                "models": len(models), "live_keys": len(live), "usage_24h": usage["totals"]}
 
 
 @router.get("/models")

@@ -240,3 +240,13 @@ def test_static_front_end_and_unknown_api_routes(client) -> None:  # type: ignor
     r = client.get("/console/api/nothing-here")
     assert r.status_code == 404 and r.headers["content-type"] == "application/problem+json"
     assert client.get("/", follow_redirects=False).headers["location"] == "/console/"
+
+
+def test_a_new_tenants_overview_answers_from_the_first_minute(sign_up: SignUp) -> None:
+    s = sign_up()  # a fresh organisation: no models granted, no keys, no usage yet
+    r = s.get(f"{API}/tenant/overview")
+    assert r.status_code == 200, r.text
+    body = r.json()
+    assert body["tenant"]["id"] == str(s.tenant_id)
+    assert body["models"] == 0 and body["live_keys"] == 0
+    assert s.get(f"{API}/tenant/overview").status_code == 200  # and again, on a second load
