@@ -52,6 +52,10 @@ def test_tenant_journey(page, stack: Stack) -> None:  # type: ignore[no-untyped-
     from openai import OpenAI
 
     slug, _ = sign_up(page, stack)
+    # a new organisation's first page: its figures, not an error
+    expect(stat(page, "Live API keys")).to_have_text("0")
+    expect(stat(page, "Models you may use")).to_have_text("0")
+    expect(page.get_by_role("alert")).to_have_count(0)
     shot(page, "01-tenant-overview")
     grant(stack.db, slug, stack.model_id)
 
