@@ -23,7 +23,9 @@ def test_gateway_bench_runs_every_arm_and_reports_added_latency(pg_url: str, tmp
         assert arm["total_output_tokens"] == 8 * 5
         assert arm["itl_ms"]["count"] == 8 * 4
     assert rnd["arms"]["direct"]["proxy_cpu_ms_per_request"] is None
-    assert rnd["arms"]["baton"]["proxy_cpu_ms_per_request"] > 0
+    # measured (8 requests can fit in one 10 ms tick of the process CPU clock, so it may read 0 here);
+    # the throughput phase below is long enough to show CPU > 0
+    assert rnd["arms"]["baton"]["proxy_cpu_ms_per_request"] >= 0
     for name in ("baton", "baton-notrace"):
         assert set(rnd["added"][name]) == {"ttft_ms", "itl_ms", "e2el_ms"}
         assert set(rnd["added"][name]["ttft_ms"]) == {"p50", "p99"}
