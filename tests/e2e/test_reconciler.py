@@ -24,7 +24,7 @@ from fastapi import FastAPI
 from fastapi.testclient import TestClient
 from pydantic import SecretStr
 
-from baton.bench.procs import isolated_ray_env
+from baton.bench.procs import STACK_MARK, isolated_ray_env, kill_marked
 from tests.conftest import migrated_database, settings_for
 
 pytestmark = pytest.mark.e2e
@@ -50,6 +50,7 @@ def ray_head(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
         "VLLM_NIXL_SIDE_CHANNEL_HOST": "127.0.0.1",
         "UCX_NET_DEVICES": "lo",
         **isolated_ray_env(),
+        STACK_MARK: str(temp_dir),  # every process of the head: ended below, also one that outlives it
     }
     log = (tmp_path_factory.mktemp("ray") / "head.log").open("w")
     head = subprocess.Popen(
@@ -94,6 +95,7 @@ def ray_head(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
         except subprocess.TimeoutExpired:
             os.killpg(head.pid, signal.SIGKILL)
             head.wait()
+        kill_marked(str(temp_dir))
         log.close()
 
 
