@@ -35,6 +35,23 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+def stack_pids(prefix: str) -> list[int]:
+    """Processes whose environment has ``BATON_STACK=<prefix>...``: read from /proc here, not with the
+    product's own lookup, so a check of "nothing left" cannot share a bug with what it checks."""
+    needle = f"BATON_STACK={prefix}".encode()
+    pids = []
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit():
+            continue
+        try:
+            with open(f"/proc/{pid}/environ", "rb") as f:
+                if any(v.startswith(needle) for v in f.read().split(b"\0")):
+                    pids.append(int(pid))
+        except OSError:
+            continue
+    return pids
+
+
 @pytest.fixture(scope="session")
 def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return build_tiny_model(tmp_path_factory.mktemp("tiny-model"), seed=0)

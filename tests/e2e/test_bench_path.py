@@ -5,26 +5,14 @@ decode server and the decode engine exported: the figures in docs/benchmarks.md 
 
 from __future__ import annotations
 
-import psutil
 import pytest
+
+from .conftest import stack_pids
 
 pytestmark = pytest.mark.e2e
 
 
 @pytest.mark.timeout(1200)
-def _bench_head_processes() -> list[int]:
-    """Processes of a benchmark's Ray head (their environment carries ``BATON_STACK=/tmp/baton-head-...``)."""
-    pids = []
-    for pid in psutil.pids():
-        try:
-            with open(f"/proc/{pid}/environ", "rb") as f:
-                if any(v.startswith(b"BATON_STACK=/tmp/baton-head-") for v in f.read().split(b"\0")):
-                    pids.append(pid)
-        except OSError:
-            continue
-    return pids
-
-
 def test_the_path_bench_attributes_every_pd_request_to_its_hops(settings, db, tiny_model, tmp_path) -> None:
     from baton.bench.path import HOPS, PathConfig, run_path
 
@@ -32,7 +20,7 @@ def test_the_path_bench_attributes_every_pd_request_to_its_hops(settings, db, ti
                      saturation_prompts=3, saturation_concurrency=2, warmup=1, arms=["engine", "baton-pd"],
                      state_dir=tmp_path)
     result = run_path(cfg, settings, db, log=print)
-    assert _bench_head_processes() == []  # the head's raylet, workers, engines and HAProxy all ended
+    assert stack_pids("/tmp/baton-head-") == []  # the head's raylet, workers, engines and HAProxy all ended
     c1 = result["concurrency"]["1"]
     for arm in ("engine", "baton-pd"):
         assert c1[arm]["summary"]["completed"] == 3, c1[arm]["summary"]["errors"]

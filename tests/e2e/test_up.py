@@ -21,6 +21,8 @@ from sqlalchemy.engine import make_url
 
 from tests.conftest import drop_database
 
+from .conftest import stack_pids
+
 pytestmark = pytest.mark.e2e
 
 
@@ -32,16 +34,7 @@ def _free_port() -> int:
 
 def _marked(state: Path) -> list[int]:
     """Processes of the stack's Ray head (their environment carries its BATON_STACK mark)."""
-    needle = f"BATON_STACK={(state / 'run').resolve()}".encode()
-    pids = []
-    for pid in psutil.pids():
-        try:
-            with open(f"/proc/{pid}/environ", "rb") as f:
-                if needle in f.read().split(b"\0"):
-                    pids.append(pid)
-        except OSError:
-            continue
-    return pids
+    return stack_pids(f"{(state / 'run').resolve()}")
 
 
 def _decode_replica() -> psutil.Process:
