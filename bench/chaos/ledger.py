@@ -19,9 +19,12 @@ Violations:
 - ``multiple_finals``: more than one final marker (two finish reasons, an error and a finish reason,
   content after the end).
 - token positions: the tokens received are aligned with the baseline's (greedy decoding: a completed
-  stream must equal it; a failed or cancelled one must be a prefix of it). Extra tokens are
-  ``duplicated``, absent ones ``missing``, different ones ``mismatched``. With token ids in the stream
-  (vLLM's ``return_token_ids``) the unit is the token; otherwise the character.
+  stream must equal it). Extra tokens are ``duplicated``, absent ones ``missing``, different ones
+  ``mismatched``. With token ids in the stream (vLLM's ``return_token_ids``) the unit is the token;
+  otherwise the character.
+- the untransmitted tail: a request that did not complete (failed, cut, lost) owes the client the rest
+  of its answer; what it never sent counts as ``missing`` (and, separately, as ``missing_tail``). Only a
+  stream the harness itself dropped (``cancelled``) is judged as a prefix: the client asked for no more.
 """
 
 from __future__ import annotations
@@ -80,6 +83,9 @@ class Verdict:
     finals: int = 0
     duplicated: int = 0
     missing: int = 0
+    """Absent positions, the untransmitted tail included."""
+    missing_tail: int = 0
+    """Of ``missing``: the end of the answer a request that did not complete never sent."""
     mismatched: int = 0
     text_ok: bool = True
     token_unit: Literal["token", "char"] = "token"
@@ -233,13 +239,22 @@ def align(expected: Sequence[Any], received: Sequence[Any], *, partial: bool) ->
     return dup, miss, mism
 
 
+def _nothing_sent(v: Verdict, baseline: Baseline | None) -> Verdict:
+    """A request without a stream owes the whole answer."""
+    if baseline is not None:
+        v.token_unit = "token" if baseline.token_ids is not None else "char"
+        v.missing = v.missing_tail = (len(baseline.token_ids) if baseline.token_ids is not None
+                                      else len(baseline.text))
+    return v
+
+
 def judge(rec: RequestRecord, baseline: Baseline | None) -> Verdict:
     """The verdict on one request."""
     v = Verdict(seq=rec.seq, request_id=rec.request_id, state="lost")
     if rec.http_status is None:
         v.state = "lost"
         v.error = rec.transport_error or rec.ending
-        return v
+        return _nothing_sent(v, baseline)
     if rec.http_status != 200:
         msg = _readable_error(rec.error_body)
         if msg is None:
@@ -249,7 +264,7 @@ def judge(rec: RequestRecord, baseline: Baseline | None) -> Verdict:
             v.state = "failed"
             v.finals = 1
             v.error = f"HTTP {rec.http_status}: {msg[:160]}"
-        return v
+        return _nothing_sent(v, baseline)
 
     s = read_stream(rec.events)
     v.finals = len(s.finish_reasons) + len(s.errors) + (1 if s.after_end else 0)
@@ -293,6 +308,9 @@ def judge(rec: RequestRecord, baseline: Baseline | None) -> Verdict:
     if baseline is not None:
         partial = v.state != "completed"
         v.duplicated, v.missing, v.mismatched = align(expected, received, partial=partial)
+        if partial and v.state != "cancelled":  # the harness's drop asked for no more; anything else owes it
+            v.missing_tail = align(expected, received, partial=False)[1] - v.missing
+            v.missing += v.missing_tail
         v.text_ok = text == baseline.text if not partial else baseline.text.startswith(text)
         if not v.text_ok:
             at = next((i for i, (a, b) in enumerate(zip(text, baseline.text, strict=False)) if a != b),
@@ -323,6 +341,9 @@ class LedgerSummary:
     multiple_finals: int = 0
     duplicated_tokens: int = 0
     missing_tokens: int = 0
+    """Absent tokens, the untransmitted tails of requests that did not complete included."""
+    missing_tail_tokens: int = 0
+    """Of ``missing_tokens``: those tails (failed, cut or lost requests; never a client drop)."""
     mismatched_tokens: int = 0
     token_unit: str = "token"
     text_mismatches: int = 0
@@ -386,6 +407,7 @@ class Ledger:
                 s.multiple_finals += 1
             s.duplicated_tokens += v.duplicated
             s.missing_tokens += v.missing
+            s.missing_tail_tokens += v.missing_tail
             s.mismatched_tokens += v.mismatched
             if not v.text_ok:
                 s.text_mismatches += 1
@@ -397,7 +419,8 @@ class Ledger:
                    or v.mismatched or not v.text_ok or not v.usage_ok)
             if bad and len(s.violations) < MAX_VIOLATIONS_SHOWN:
                 s.violations.append({"seq": v.seq, "request_id": v.request_id, "state": v.state, "finals": v.finals,
-                                     "duplicated": v.duplicated, "missing": v.missing, "mismatched": v.mismatched,
+                                     "duplicated": v.duplicated, "missing": v.missing,
+                                     "missing_tail": v.missing_tail, "mismatched": v.mismatched,
                                      "text_ok": v.text_ok, "error": v.error, "notes": v.notes})
         s.token_unit = "token" if not units.get("char") else ("char" if not units.get("token") else "mixed")
         s.errors = dict(errs.most_common(10))

@@ -88,5 +88,7 @@ def test_a_stream_the_engine_cuts_is_a_readable_failure_not_a_truncated_200(endp
     v = judge(rec, Baseline(text="tok " * 10))
     assert rec.http_status == 200
     assert v.state == "failed" and v.error, v
-    assert v.duplicated == v.missing == v.mismatched == 0 and v.text_ok
+    assert v.duplicated == v.mismatched == 0 and v.text_ok
+    # what the stream never sent (6 of 10 tokens, in characters) is missing, not forgiven as a prefix
+    assert v.missing == v.missing_tail == len("tok " * 6), v
 

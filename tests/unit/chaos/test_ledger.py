@@ -91,20 +91,40 @@ def test_two_final_states_are_detected():
     assert judge(rec(events), BASE).finals > 1
 
 
-def test_a_mid_stream_error_event_is_a_readable_failure_with_a_clean_prefix():
+def test_a_mid_stream_error_event_is_a_readable_failure_that_owes_its_tail():
     v = judge(rec(stream(BASE_IDS[:3], finish=False, error=True)), BASE)
     assert v.state == "failed" and v.finals == 1 and v.error
-    assert (v.duplicated, v.missing, v.mismatched) == (0, 0, 0) and v.text_ok
+    assert v.text_ok and (v.duplicated, v.mismatched) == (0, 0)
+    # the three tokens the client never got are missing, not forgiven as a prefix
+    assert v.missing == v.missing_tail == 3
 
 
 def test_a_failed_stream_with_a_wrong_prefix_is_detected():
     v = judge(rec(stream([11, 13], finish=False, error=True)), BASE)
-    assert v.missing == 1
+    assert v.missing == 4 and v.missing_tail == 3  # the gap (12) and the untransmitted tail (14, 15, 16)
+
+
+def test_a_failure_before_the_stream_owes_the_whole_answer():
+    body = json.dumps({"error": {"message": "The model is not reachable right now.", "type": "x"}})
+    v = judge(rec([], http_status=503, error_body=body), BASE)
+    assert v.state == "failed" and v.missing == v.missing_tail == 6
+    v = judge(rec([], http_status=None, ending="no_response"), BASE)
+    assert v.state == "lost" and v.missing == v.missing_tail == 6
+
+
+def test_a_cut_or_timed_out_stream_owes_its_tail_too():
+    v = judge(rec(stream(BASE_IDS[:4], done=False, finish=False), ending="transport_error"), BASE)
+    assert v.state == "truncated_200" and v.missing_tail == 2
+    v = judge(rec(stream(BASE_IDS[:1], done=False, finish=False), ending="timeout"), BASE)
+    assert v.state == "lost" and v.missing_tail == 5
 
 
 def test_a_client_cancel_is_cancelled_and_its_prefix_checked():
     v = judge(rec(stream(BASE_IDS[:2], done=False, finish=False), ending="client_cancel", cancel_after=2), BASE)
     assert v.state == "cancelled" and v.text_ok and v.finals == 1
+    assert v.missing == v.missing_tail == 0  # the client asked for no more
+    v = judge(rec(stream([11, 13], done=False, finish=False), ending="client_cancel", cancel_after=2), BASE)
+    assert v.missing == 1 and v.missing_tail == 0  # a gap inside the prefix still counts
 
 
 def test_http_errors_must_be_readable():
@@ -143,7 +163,8 @@ def test_the_summary_counts_each_violation_and_flags_the_run():
     summary, _ = ledger.check()
     assert summary.sent == 6 and summary.accepted == 6
     assert summary.completed == 3 and summary.cancelled == 1 and summary.failed == 1
-    assert summary.duplicated_tokens == 1 and summary.missing_tokens == 1
+    # seq 2 misses one token; the truncated seq 3 never sent its last three
+    assert summary.duplicated_tokens == 1 and summary.missing_tokens == 4 and summary.missing_tail_tokens == 3
     assert summary.truncated_200s == 1 and summary.multiple_finals == 1
     assert not summary.ok
     clean = Ledger([BASE])
