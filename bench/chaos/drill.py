@@ -2,16 +2,26 @@
 
 1. Baseline: every prompt once, alone (greedy, ``ignore_eos``, fixed ``max_tokens``), then once more
    all at once; a prompt whose two answers differ is dropped from the load (its greedy output is not a
-   reliable reference) and reported.
+   reliable reference) and reported. The long prompt (``long_prompt_words``) is one of them.
 2. Load: ``concurrency`` streams at all times, prompts drawn from the stable set (seeded).
 3. Faults, one after another at seeded random gaps, each only when its pool is at full strength
    and streams are in flight: SIGKILL of a prefill or decode replica (engine core and replica
    process), SIGSTOP (+SIGCONT after ``stall_s``), the LMCache Redis tier down (and back up after
-   ``tier_down_s``), and dropped client connections. Each is checked to have fired; kills are checked
-   to have been replaced by Ray.
+   ``tier_down_s``), and dropped client connections. A replica fault hits a replica whose engine reports
+   a request at that moment (:mod:`.victims`); before a prefill fault the long prompt, if any, is sent
+   and the fault waits for a prefill engine to report it. Each fault is checked to have fired; kills are
+   checked to have been replaced by Ray.
 4. The ledger (:mod:`.ledger`) judges every request; Postgres is checked for one usage record and one
    request record (with the matching status) per accepted request; recovery steps are read from the
-   request records.
+   request records and each replica fault must be answered by a step of its kind in a request that was
+   in flight at it (:mod:`.attribution`).
+
+Invariants (``result["invariants"]``, all must hold for ``ok``): no lost request, no truncated 200, one
+final state each, no failed request (with ``allow_failures``: only those whose record shows the ladder
+ran out), no duplicated, missing (a failed stream's untransmitted tail included) or wrong token, text
+equal to the baseline, usage counted once, one usage and one matching request record per request, every
+fault fired and recovered, every replica fault matched to a recovery step, every replica fault's victim
+busy, and with ``require_prefill_rungs`` both prefill rungs seen.
 """
 
 from __future__ import annotations
@@ -31,6 +41,7 @@ from typing import Any
 
 import httpx
 
+from baton.bench.chaos.attribution import PREFILL_RUNGS, fault_checks
 from baton.bench.chaos.faults import (
     FaultRecord,
     Pool,
@@ -42,6 +53,7 @@ from baton.bench.chaos.faults import (
 )
 from baton.bench.chaos.ledger import Baseline, Ledger, RequestRecord, parse_sse, read_stream
 from baton.bench.chaos.stack import Endpoint
+from baton.bench.chaos.victims import EngineLoadSource, RayMetricsAgent, VictimChoice, wait_for_busy_victim
 
 Log = Callable[[str], None]
 Progress = Callable[[str, float, float], None]
@@ -79,6 +91,19 @@ class DrillConfig:
     """Merged into every request body."""
     first_kills: tuple[str, ...] = ("kill_decode", "kill_prefill")
     """Faults forced to the front of the seeded order (the CI drill wants one of each early)."""
+    allow_failures: bool = False
+    """Let a request fail (with a readable error) where the recovery ladder ran out: its request record
+    shows a recovery step that failed. Off (the default): no request may fail; a client drop is no failure."""
+    require_prefill_rungs: bool = False
+    """Require both prefill rungs (``prefill_retry``, ``local_prefill``) in the request records (the 20-kill
+    run of the default topology shows both)."""
+    long_prompt_words: int = 0
+    """Above 0: one prompt of this many words (baselined like the others) is sent right before each prefill
+    fault, which fires once a prefill engine reports a request (a prefill longer than one engine step)."""
+    victim_wait_s: float = 30.0
+    """How long a replica fault waits for a replica of its pool whose engine reports a request."""
+    step_slack_s: float = 2.0
+    """Clock slack when matching a recovery step's time (request start + ``at_ms``) to a fault's."""
 
     def plan(self) -> list[str]:
         rng = random.Random(self.seed)
@@ -124,9 +149,13 @@ WORDS = (
 )
 
 
-def make_prompts(n: int, words: int, seed: int) -> list[str]:
+def make_prompts(n: int, words: int, seed: int, *, long_words: int = 0) -> list[str]:
+    """``n`` prompts of ``words`` words; with ``long_words`` one more of that many at the end."""
     rng = random.Random(seed * 7919 + 17)
-    return [f"Request {i}: " + " ".join(rng.choice(WORDS) for _ in range(words)) for i in range(n)]
+    out = [f"Request {i}: " + " ".join(rng.choice(WORDS) for _ in range(words)) for i in range(n)]
+    if long_words > 0:
+        out.append(f"Request {n} (long): " + " ".join(rng.choice(WORDS) for _ in range(long_words)))
+    return out
 
 
 @dataclass
@@ -143,6 +172,10 @@ class LoadDriver:
         self.in_flight: dict[int, InFlight] = {}
         self._seq = 0
         self.records: list[RequestRecord] = []
+        self.load_prompts = len(prompts)
+        """Workers draw from the first ``load_prompts`` prompts; any after them the injector sends itself."""
+        self.extra: list[asyncio.Task[RequestRecord]] = []
+        """Requests the injector sent (the long prompt): awaited before the ledger judges."""
         self.stop = asyncio.Event()
         self.client = httpx.AsyncClient(timeout=httpx.Timeout(cfg.request_timeout_s, connect=10.0), trust_env=False,
                                         limits=httpx.Limits(max_connections=cfg.concurrency * 2 + 4))
@@ -209,7 +242,10 @@ class LoadDriver:
     async def worker(self, wid: int) -> None:
         rng = random.Random(self.cfg.seed * 1000 + wid)
         while not self.stop.is_set():
-            await self.send(rng.randrange(len(self.prompts)))
+            await self.send(rng.randrange(self.load_prompts))
+
+    def send_extra(self, prompt_idx: int) -> None:
+        self.extra.append(asyncio.create_task(self.send(prompt_idx)))
 
     async def close(self) -> None:
         await self.client.aclose()
@@ -256,24 +292,31 @@ async def record_baseline(drv: LoadDriver, n: int, log: Log) -> tuple[list[Basel
 # -- faults -------------------------------------------------------------------------------------------
 
 class Injector:
-    def __init__(self, ep: Endpoint, cfg: DrillConfig, drv: LoadDriver, t0: float, log: Log) -> None:
+    def __init__(self, ep: Endpoint, cfg: DrillConfig, drv: LoadDriver, t0: float, log: Log, *,
+                 metrics: EngineLoadSource | None = None, long_prompt: int | None = None) -> None:
         self.ep = ep
         self.cfg = cfg
         self.drv = drv
         self.t0 = t0
         self.log = log
+        self.long_prompt = long_prompt
+        """Index (in the driver's prompts) of the long prompt sent before each prefill fault; None: off."""
         self.finder = ReplicaFinder(ep.app, ep.dashboard_url)
         self.rng = random.Random(cfg.seed + 1)
         self.faults: list[FaultRecord] = []
         self.background: list[asyncio.Task[None]] = []
         self.pools_healthy_at_end: dict[str, bool] = {}
         self.serve = None
+        token = None
         if ep.dashboard_url:
             from pathlib import Path
 
             from baton.control.ray_client import RayServeClient, read_token
 
-            self.serve = RayServeClient(ep.dashboard_url, token=read_token(Path.home() / ".ray" / "auth_token"))
+            token = read_token(Path.home() / ".ray" / "auth_token")
+            self.serve = RayServeClient(ep.dashboard_url, token=token)
+        self.metrics: EngineLoadSource = metrics or RayMetricsAgent(
+            [ep.metrics_url] if ep.metrics_url else (), ep.dashboard_url, token=token)
 
     def _healthy(self, pool: Pool) -> bool:
         """The pool has its full count of replicas and Serve calls the deployment healthy."""
@@ -360,23 +403,34 @@ class Injector:
         if kind == "tier_down":
             return await self._tier_down()
         assert pool is not None
-        reps = await asyncio.to_thread(self.finder.pool, pool)
-        if not reps:
+        if pool == "prefill" and self.long_prompt is not None:
+            self.drv.send_extra(self.long_prompt)  # a prefill long enough for its engine to report it
+        seen: list[Replica] = []
+
+        async def replicas() -> list[Replica]:
+            seen[:] = await asyncio.to_thread(self.finder.pool, pool)
+            return list(seen)
+
+        choice = await wait_for_busy_victim(pool, replicas, self.metrics, self.rng, timeout_s=self.cfg.victim_wait_s)
+        if choice is None:
             f = self._new(kind, pool)
             f.evidence = f"no {pool} replica found"
             return f
-        serving = [r for r in reps if r.children]  # an engine process runs under it (not a replacement starting)
-        rep = self.rng.choice(serving or reps)
+        rep = choice.replica
         if kind.startswith("kill"):
             f = self._new(kind, f"{rep.deployment} pid {rep.pid}")
+            _victim(f, choice)
             f.pids = list(rep.tree)
-            before = {r.pid for r in reps}
-            f.fired, f.evidence = await asyncio.to_thread(kill_replica, rep)
+            before = {r.pid for r in seen}
+            f.fired, evidence = await asyncio.to_thread(kill_replica, rep)
+            f.evidence = f"{evidence}; {choice.evidence}"
             if f.fired:
                 self.background.append(asyncio.create_task(self._watch_replacement(f, rep, before)))
             return f
         f = self._new(kind, f"{rep.deployment} pid {rep.pid}")
-        f.fired, pids, f.evidence = await asyncio.to_thread(stop_replica, rep)
+        _victim(f, choice)
+        f.fired, pids, evidence = await asyncio.to_thread(stop_replica, rep)
+        f.evidence = f"{evidence}; {choice.evidence}"
         f.pids = list(pids)
         self.background.append(asyncio.create_task(self._resume(f, pids, rep)))
         return f
@@ -453,6 +507,12 @@ class Injector:
             self.serve.close()
 
 
+def _victim(f: FaultRecord, choice: VictimChoice) -> None:
+    f.victim_busy = choice.busy
+    if choice.load is not None:
+        f.victim_load = {"running": choice.load.running, "waiting": choice.load.waiting}
+
+
 # -- Postgres checks ----------------------------------------------------------------------------------
 
 def _rid(header: str | None) -> uuid.UUID | None:
@@ -526,6 +586,19 @@ def check_postgres(db: Any, expected: dict[uuid.UUID, tuple[str, int]], *, wait_
     return out
 
 
+def read_recovery_steps(db: Any, ids: list[uuid.UUID]) -> dict[uuid.UUID, list[dict[str, Any]]]:
+    """Each request record's ``recovery_steps`` (requests without a record are absent)."""
+    from sqlalchemy import bindparam, text
+
+    if not ids:
+        return {}
+    q = text("SELECT id, recovery_steps FROM request_records WHERE id IN :ids"
+             ).bindparams(bindparam("ids", expanding=True))
+    with db.system() as uow:
+        rows = list(uow.session.execute(q, {"ids": ids}))
+    return {r[0]: [st for st in (r[1] or ()) if isinstance(st, dict)] for r in rows}
+
+
 def _steps_summary(steps: list[dict[str, Any]]) -> dict[str, Any]:
     by: dict[str, list[dict[str, Any]]] = {}
     for st in steps:
@@ -584,7 +657,7 @@ def run_drill(ep: Endpoint, cfg: DrillConfig, *, log: Log = print, progress: Pro
 
 
 async def _drill(ep: Endpoint, cfg: DrillConfig, log: Log, progress: Progress | None) -> dict[str, Any]:
-    prompts = make_prompts(cfg.prompts, cfg.prompt_words, cfg.seed)
+    prompts = make_prompts(cfg.prompts, cfg.prompt_words, cfg.seed, long_words=cfg.long_prompt_words)
     drv = LoadDriver(ep, cfg, prompts)
     tier_whole = None
     try:
@@ -593,15 +666,23 @@ async def _drill(ep: Endpoint, cfg: DrillConfig, log: Log, progress: Progress | 
             tier_whole = {"fired": ok, "evidence": ev}
             log(f"LMCache Redis tier down for the whole run: {ev}")
         baselines, unstable = await record_baseline(drv, len(prompts), log)
-        stable = [i for i in range(len(prompts)) if i not in unstable]
+        stable = [i for i in range(cfg.prompts) if i not in unstable]
         if not stable:
             raise RuntimeError("no prompt has a stable greedy baseline")
+        long_prompt: int | None = None
+        if cfg.long_prompt_words > 0:
+            if cfg.prompts in unstable:
+                log("the long prompt's greedy answer is not stable: prefill faults fire without it")
+            else:
+                long_prompt = len(stable)
+                stable.append(cfg.prompts)
         drv.prompts = [prompts[i] for i in stable]
+        drv.load_prompts = len(stable) - (long_prompt is not None)
         base_for_load = [baselines[i] for i in stable]
 
         plan = cfg.plan()
         t0 = time.monotonic()
-        injector = Injector(ep, cfg, drv, t0, log)
+        injector = Injector(ep, cfg, drv, t0, log, long_prompt=long_prompt)
         workers = [asyncio.create_task(drv.worker(w)) for w in range(cfg.concurrency)]
         log(f"load: {cfg.concurrency} streams, {cfg.max_tokens} tokens each; faults planned: {dict(Counter(plan))}")
         ticker = asyncio.create_task(_tick(drv, t0, progress)) if progress else None
@@ -611,7 +692,7 @@ async def _drill(ep: Endpoint, cfg: DrillConfig, log: Log, progress: Progress | 
             await asyncio.sleep(max(remaining, cfg.tail_s))
         finally:
             drv.stop.set()
-            await asyncio.gather(*workers, return_exceptions=True)
+            await asyncio.gather(*workers, *drv.extra, return_exceptions=True)
             if ticker:
                 ticker.cancel()
             injector.close()
@@ -631,6 +712,7 @@ async def _drill(ep: Endpoint, cfg: DrillConfig, log: Log, progress: Progress | 
                 f.evidence = f"client closed the stream; request ended {v.state if v else 'unknown'} at the client"
 
         db_checks: dict[str, Any] = {"skipped": "no database"}
+        steps: dict[str, list[dict[str, Any]]] = {}
         if ep.db is not None:
             expected: dict[uuid.UUID, tuple[str, int]] = {}
             for r, v in zip(drv.records, verdicts, strict=True):
@@ -638,6 +720,10 @@ async def _drill(ep: Endpoint, cfg: DrillConfig, log: Log, progress: Progress | 
                 if rid is not None and r.http_status == 200 and v.state in ("completed", "failed", "cancelled"):
                     expected[rid] = (v.state, r.expected_tokens)
             db_checks = await asyncio.to_thread(check_postgres, ep.db, expected)
+            by_rid = {rid: r.request_id for r in drv.records if r.request_id and (rid := _rid(r.request_id))}
+            for rid, sts in (await asyncio.to_thread(read_recovery_steps, ep.db, list(by_rid))).items():
+                steps[str(by_rid[rid])] = sts
+        checks = fault_checks(injector.faults, drv.records, verdicts, steps, slack_s=cfg.step_slack_s)
     finally:
         await drv.close()
         if tier_whole is not None and ep.redis_tier is not None:
@@ -656,6 +742,7 @@ async def _drill(ep: Endpoint, cfg: DrillConfig, log: Log, progress: Progress | 
                                          if f.fired and f.kind.startswith("kill_") and len(f.pids) > 1),
         "faults_not_fired": len(not_fired),
         "faults_not_recovered": len(not_recovered),
+        **checks,
         "pools_healthy_at_end": injector.pools_healthy_at_end,
         "usage_records_ok": bool(db_checks.get("usage_records_ok", False)),
         "record_states_ok": bool(db_checks.get("record_states_ok", False)),
@@ -665,7 +752,7 @@ async def _drill(ep: Endpoint, cfg: DrillConfig, log: Log, progress: Progress | 
             "replacement_s": _replacement(injector.faults),
             "fresh_ttft_ms_p50": _ttft_ms(drv.records),
         },
-        "baseline": {"prompts": len(prompts), "unstable": len(unstable),
+        "baseline": {"prompts": len(prompts), "unstable": len(unstable), "long_prompt": long_prompt is not None,
                      "token_ids": bool(base_for_load and base_for_load[0] and base_for_load[0].token_ids)},
         "load": {"seconds": round(load_s, 1), "concurrency": cfg.concurrency, "max_tokens": cfg.max_tokens,
                  "requests_per_s": round(summary.sent / load_s, 3) if load_s else None},
@@ -691,12 +778,21 @@ def _replacement(faults: list[FaultRecord]) -> dict[str, Any]:
 
 
 def invariants(r: dict[str, Any], cfg: DrillConfig) -> dict[str, bool]:
+    """The drill's verdict, one named check each (see the module docstring); ``ok`` is all of them."""
+    if cfg.allow_failures:
+        # a failure is allowed only where the ladder ran out; its untransmitted tail is that failure
+        no_failed = r["failed"] == r["failed_ladder_ran_out"]
+        missing = r["missing_tokens"] - r["missing_tail_tokens"]
+    else:
+        no_failed = r["failed"] == 0
+        missing = r["missing_tokens"]
     inv = {
         "no_lost_requests": r["lost"] == 0,
         "no_truncated_200s": r["truncated_200s"] == 0,
+        "no_failed_requests": no_failed,
         "one_final_state_each": r["multiple_finals"] == 0,
         "no_duplicated_tokens": r["duplicated_tokens"] == 0,
-        "no_missing_tokens": r["missing_tokens"] == 0,
+        "no_missing_tokens": missing == 0,
         "no_wrong_tokens": r["mismatched_tokens"] == 0,
         "greedy_text_equals_baseline": r["text_mismatches"] == 0,
         "stream_usage_counts_each_token_once": r["stream_usage_mismatches"] == 0,
@@ -704,7 +800,11 @@ def invariants(r: dict[str, Any], cfg: DrillConfig) -> dict[str, bool]:
         "request_records_match": r["record_states_ok"],
         "every_fault_fired": r["faults_not_fired"] == 0,
         "every_fault_recovered": r["faults_not_recovered"] == 0 and all(r["pools_healthy_at_end"].values()),
+        "every_fault_matched_to_a_step": r["faults_unmatched"] == 0,
+        "victims_were_busy": r["victims_not_busy"] == 0,
     }
+    if cfg.require_prefill_rungs:
+        inv["prefill_rungs_seen"] = set(PREFILL_RUNGS) <= set(r["prefill_rungs_seen"])
     if cfg.tier_down_whole_run:
         inv["tier_down_whole_run_no_errors"] = (r["failed"] == 0 and r["lost"] == 0
                                                 and bool(r.get("tier_down_whole_run", {}).get("fired")))

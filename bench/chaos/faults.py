@@ -4,7 +4,9 @@
   actor process (title ``ray::ServeReplica:<app>:<deployment>``); its vLLM engine core (which holds the
   KV cache and runs the model) is a child process of it. A *kill* SIGKILLs the whole tree (engine core
   first, then the replica), a *stall* SIGSTOPs it and SIGCONTs it later. Replicas are found through Ray's
-  state API (``list_actors``, ALIVE, by class name) when the dashboard answers, else by process title.
+  state API (``list_actors``, ALIVE, by class name) when the dashboard answers, else by process title;
+  either gives the replica's Serve id (actor name ``SERVE_REPLICA::<app>#<deployment>#<id>``), which labels
+  its engine's metrics (``ReplicaId``): :mod:`.victims` picks the replica to hit from them.
 - The LMCache Redis tier: a dedicated ``redis-server`` on its own port that the harness can SIGKILL and
   start again on the same port (the main Redis is never touched).
 """
@@ -23,6 +25,7 @@ from typing import Any, Literal
 
 Pool = Literal["prefill", "decode"]
 POOL_PREFIX: dict[Pool, str] = {"prefill": "Prefill:", "decode": "Decode:"}
+REPLICA_NAME_PREFIX = "SERVE_REPLICA::"
 
 
 @dataclass(frozen=True)
@@ -32,6 +35,8 @@ class Replica:
     pid: int
     actor_id: str = ""
     children: tuple[int, ...] = ()
+    replica_id: str = ""
+    """Serve's replica unique id (the ``ReplicaId`` label of its engine's metrics); empty when not found."""
 
     @property
     def tree(self) -> tuple[int, ...]:
@@ -44,6 +49,14 @@ def _pool_of(deployment: str) -> Pool | None:
         if deployment.startswith(prefix):
             return pool
     return None
+
+
+def replica_id_in(text: str, app: str) -> str:
+    """The replica id in an actor name or process title (``SERVE_REPLICA::<app>#<deployment>#<id>``), else ''."""
+    import re
+
+    m = re.search(re.escape(f"{REPLICA_NAME_PREFIX}{app}#") + r"[^#\s]+#([A-Za-z0-9_-]+)", text)
+    return m.group(1) if m else ""
 
 
 def _children(pid: int) -> tuple[int, ...]:
@@ -73,7 +86,8 @@ def replicas_from_state_api(app: str, dashboard_url: str) -> list[Replica]:
         if pool is None:
             continue
         actor_id = a.actor_id if hasattr(a, "actor_id") else a["actor_id"]
-        out.append(Replica(pool, deployment, int(pid), str(actor_id), _children(int(pid))))
+        name = str(getattr(a, "name", None) or "")  # SERVE_REPLICA::<app>#<deployment>#<replica id>
+        out.append(Replica(pool, deployment, int(pid), str(actor_id), _children(int(pid)), replica_id_in(name, app)))
     return out
 
 
@@ -98,7 +112,8 @@ def replicas_from_titles(app: str) -> list[Replica]:
                 deployment = head  # the method the actor is running
             pool = _pool_of(deployment)
             if pool is not None:
-                out.append(Replica(pool, deployment, p.info["pid"], "", _children(p.info["pid"])))
+                out.append(Replica(pool, deployment, p.info["pid"], "", _children(p.info["pid"]),
+                                   replica_id_in(" ".join(cmd), app)))
         except (psutil.Error, IndexError):
             continue
     return out
@@ -174,6 +189,18 @@ class FaultRecord:
     recovery_s: float | None = None
     """Kill: seconds until Ray had a replacement replica running (new pid); tier: seconds down."""
     streams_in_flight: int = 0
+    """Streams that had a token when the fault fired (the injector's own count)."""
+    victim_busy: bool | Literal["unknown"] | None = None
+    """Replica faults: whether the victim's engine reported a request running (prefill: or waiting) when it
+    was hit; ``"unknown"`` when its metrics could not be read; None for other faults."""
+    victim_load: dict[str, float] | None = None
+    """The victim's ``running``/``waiting`` requests from its engine's metrics."""
+    requests_in_flight: list[str] = field(default_factory=list)
+    """Requests open at the fault (sent before it, ended after it): their request ids."""
+    matched_steps: list[dict[str, Any]] = field(default_factory=list)
+    """Recovery steps in those requests' records attributed to this fault (:mod:`.attribution`)."""
+    needs_step: bool = False
+    """A fault that must be answered by a recovery step (kills and stalls of replicas)."""
 
     def to_dict(self) -> dict[str, Any]:
         return {k: v for k, v in self.__dict__.items() if k != "t_mono"}

@@ -62,6 +62,9 @@ class Endpoint:
     db: Any = None
     """A ``baton.core.db.Database`` for the Postgres checks (None: skipped)."""
     pools: dict[str, int] = field(default_factory=dict)
+    metrics_url: str | None = None
+    """Ray's metrics agent (``http://host:port/metrics``): the engines' gauges that show which replica is
+    serving a request (None: found from the dashboard's node table)."""
 
 
 def _ray_bin() -> str:
@@ -90,6 +93,8 @@ class RayHead:
     dashboard_url: str
     serve_port: int
     temp_dir: Path
+    metrics_url: str | None = None
+    """The head's metrics agent (``--metrics-export-port``)."""
 
     def stop(self) -> None:
         """The whole head's process group: raylet, GCS, dashboard, every worker and engine."""
@@ -111,7 +116,7 @@ class RayHead:
 def start_head(logs: Path, *, num_cpus: int = 8, env: dict[str, str] | None = None) -> RayHead:
     """A loopback-only Ray head on free ports, with Baton's cluster environment (HAProxy ingress, direct
     streaming, process groups: :func:`baton.bench.procs.isolated_ray_env`)."""
-    gcs, dash, serve = free_port(), free_port(), free_port()
+    gcs, dash, serve, metrics = free_port(), free_port(), free_port(), free_port()
     temp = Path(f"/tmp/baton-head-{gcs}")  # noqa: S108 - short: Ray puts sockets here
     head_env = {"HF_HUB_OFFLINE": "1", "VLLM_HOST_IP": "127.0.0.1", "VLLM_NIXL_SIDE_CHANNEL_HOST": "127.0.0.1",
                 "UCX_NET_DEVICES": "lo", "RAY_USAGE_STATS_ENABLED": "0", **isolated_ray_env(), **(env or {}),
@@ -120,7 +125,7 @@ def start_head(logs: Path, *, num_cpus: int = 8, env: dict[str, str] | None = No
            "--dashboard-host", "127.0.0.1", f"--dashboard-port={dash}", "--num-cpus", str(num_cpus),
            f"--temp-dir={temp}", "--disable-usage-stats",
            f"--ray-client-server-port={free_port()}", f"--dashboard-agent-listen-port={free_port()}",
-           f"--metrics-export-port={free_port()}", f"--runtime-env-agent-port={free_port()}",
+           f"--metrics-export-port={metrics}", f"--runtime-env-agent-port={free_port()}",
            f"--node-manager-port={free_port()}", f"--object-manager-port={free_port()}"]
     proc = Proc("ray-head", cmd, env=head_env, log_path=logs / "ray-head.log").start()
     url = f"http://127.0.0.1:{dash}"
@@ -129,7 +134,7 @@ def start_head(logs: Path, *, num_cpus: int = 8, env: dict[str, str] | None = No
     except BaseException:
         RayHead(proc, url, serve, temp).stop()
         raise
-    return RayHead(proc, url, serve, temp)
+    return RayHead(proc, url, serve, temp, metrics_url=f"http://127.0.0.1:{metrics}/metrics")
 
 
 def deploy(head: RayHead, specs: list[Any], *, timeout_s: float = DEPLOY_TIMEOUT_S) -> dict[str, str]:
@@ -275,7 +280,10 @@ class ChaosStack:
                 self.tier = RedisTier(free_port(), self.logs / "redis-tier.log")
                 self.tier.start()
                 self.log(f"LMCache Redis tier: {self.tier.url}")
-            self.head = head = start_head(self.logs, num_cpus=self.cfg.num_cpus)
+            # engine gauges exported every second (Ray's default is 10 s): the injector picks a victim serving
+            # a request from them (baton.bench.chaos.victims)
+            self.head = head = start_head(self.logs, num_cpus=self.cfg.num_cpus,
+                                          env={"RAY_metrics_report_interval_ms": "1000"})
             dashboard = head.dashboard_url
             self.log(f"Ray head: dashboard {dashboard}; deploying {self.cfg.app} "
                      f"({self.cfg.prefill} prefill + {self.cfg.decode} decode)")
@@ -290,7 +298,8 @@ class ChaosStack:
             raise
         return Endpoint(gateway_url=gateway, api_key=secret, model=self.cfg.model_name, app=self.cfg.app,
                         dashboard_url=dashboard, tenant_id=tenant_id, redis_tier=self.tier, db=self.db,
-                        pools={"prefill": self.cfg.prefill, "decode": self.cfg.decode})
+                        pools={"prefill": self.cfg.prefill, "decode": self.cfg.decode},
+                        metrics_url=self.head.metrics_url)
 
     def close(self) -> None:
         if self.gateway is not None:
