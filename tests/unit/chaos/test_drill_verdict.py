@@ -1,0 +1,231 @@
+"""The chaos drill's verdict cannot pass by luck: a failed request, a kill that no recovery step answered,
+a victim that was idle or unverified, a failed stream's missing tail each fail their invariant; and the
+injector hits the replica its engine metrics show busy (after sending the long prompt before a prefill
+fault)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import pytest
+
+from baton.bench.chaos import drill
+from baton.bench.chaos.attribution import fault_checks
+from baton.bench.chaos.drill import DrillConfig, Injector, LoadDriver, invariants, make_prompts
+from baton.bench.chaos.faults import FaultRecord, Replica
+from baton.bench.chaos.ledger import Baseline, Ledger, RequestRecord
+from baton.bench.chaos.stack import Endpoint
+from baton.bench.chaos.victims import EngineLoad
+
+IDS = [11, 12, 13, 14]
+BASE = Baseline(text="abcd", token_ids=IDS)
+
+
+def events(ids: list[int], *, complete: bool = True, error: bool = False) -> list[tuple[str | None, str]]:
+    out: list[tuple[str | None, str]] = []
+    for i, t in enumerate(ids):
+        last = complete and i == len(ids) - 1
+        out.append((None, json.dumps({"choices": [{"index": 0, "text": "abcd"[IDS.index(t)], "token_ids": [t],
+                                                    "finish_reason": "length" if last else None}]})))
+    if error:
+        out.append(("error", json.dumps({"error": {"message": "The model failed to answer.", "type": "x"}})))
+    if complete or error:
+        out.append((None, "[DONE]"))
+    return out
+
+
+def request(seq: int, sent: float, ended: float, evs: list[tuple[str | None, str]], **kw) -> RequestRecord:
+    return RequestRecord(seq=seq, prompt=0, expected_tokens=4, http_status=200, request_id=f"req-{seq}",
+                         events=evs, t_send=sent, t_end=ended, **kw)
+
+
+def verdict(records: list[RequestRecord], faults: list[FaultRecord], steps: dict, cfg: DrillConfig) -> dict:
+    """The drill's result fields and invariants from synthetic requests, faults and request-record steps."""
+    ledger = Ledger([BASE])
+    for r in records:
+        ledger.add(r)
+    summary, verdicts = ledger.check()
+    result = {**summary.to_dict(), **fault_checks(faults, records, verdicts, steps),
+              "usage_records_ok": True, "record_states_ok": True, "faults_not_fired": 0,
+              "faults_not_recovered": 0, "pools_healthy_at_end": {"prefill": True, "decode": True}}
+    result["invariants"] = invariants(result, cfg)
+    return result
+
+
+def kill(kind: str = "kill_decode", t: float = 10.0, busy: bool | str = True) -> FaultRecord:
+    return FaultRecord(kind=kind, at_s=t, t_mono=t, fired=True, victim_busy=busy)  # type: ignore[arg-type]
+
+
+def resume(at_s: float, outcome: str = "recovered") -> dict:
+    return {"step": "decode_resume", "at_ms": at_s * 1000, "duration_ms": 200, "outcome": outcome, "detail": ""}
+
+
+def test_a_kill_answered_by_a_resume_passes():
+    recs = [request(1, 8.0, 12.0, events(IDS)), request(2, 11.0, 13.0, events(IDS))]
+    out = verdict(recs, [kill()], {"req-1": [resume(2.4)]}, DrillConfig())
+    assert all(out["invariants"].values()), out["invariants"]
+
+
+def test_a_kill_that_no_request_answered_fails_the_drill():
+    recs = [request(1, 8.0, 12.0, events(IDS)), request(2, 11.0, 13.0, events(IDS))]
+    out = verdict(recs, [kill()], {"req-1": [], "req-2": []}, DrillConfig())
+    assert out["faults_unmatched"] == 1
+    assert out["invariants"]["every_fault_matched_to_a_step"] is False
+    # the step of another request, one not in flight at the kill, does not rescue it
+    out = verdict(recs, [kill()], {"req-2": [resume(0.5)]}, DrillConfig())
+    assert out["invariants"]["every_fault_matched_to_a_step"] is False
+
+
+@pytest.mark.parametrize("busy", [False, "unknown"])
+def test_a_victim_not_seen_busy_fails_the_drill(busy):
+    recs = [request(1, 8.0, 12.0, events(IDS))]
+    out = verdict(recs, [kill(busy=busy)], {"req-1": [resume(2.4)]}, DrillConfig())
+    assert out["victims_not_busy"] == 1 and out["invariants"]["victims_were_busy"] is False
+
+
+def test_a_failed_request_fails_the_drill_even_with_a_readable_error():
+    failed = request(1, 8.0, 12.0, events(IDS[:2], complete=False, error=True))
+    out = verdict([failed], [], {"req-1": [resume(2.4, "failed")]}, DrillConfig())
+    assert out["failed"] == 1
+    assert out["invariants"]["no_failed_requests"] is False
+    # its untransmitted tail is missing too
+    assert out["missing_tokens"] == out["missing_tail_tokens"] == 2
+    assert out["invariants"]["no_missing_tokens"] is False
+
+
+def test_allowed_failures_are_only_those_where_the_ladder_ran_out():
+    failed = request(1, 8.0, 12.0, events(IDS[:2], complete=False, error=True))
+    allow = DrillConfig(allow_failures=True)
+    out = verdict([failed], [], {"req-1": [resume(2.4, "failed")]}, allow)
+    assert out["failed_ladder_ran_out"] == 1
+    assert out["invariants"]["no_failed_requests"] and out["invariants"]["no_missing_tokens"]
+    # a failure whose record shows no failed step never met the ladder
+    out = verdict([failed], [], {"req-1": [resume(2.4, "recovered")]}, allow)
+    assert out["invariants"]["no_failed_requests"] is False
+    # a token missing inside the prefix is still missing
+    gap = request(1, 8.0, 12.0, events([11, 13], complete=False, error=True))
+    out = verdict([gap], [], {"req-1": [resume(2.4, "failed")]}, allow)
+    assert out["invariants"]["no_failed_requests"] and out["invariants"]["no_missing_tokens"] is False
+
+
+def test_a_client_drop_is_neither_a_failure_nor_missing_tokens():
+    drop = request(1, 8.0, 12.0, events(IDS[:2], complete=False), ending="client_cancel", cancel_after=2)
+    out = verdict([drop], [], {}, DrillConfig())
+    assert out["cancelled"] == 1 and out["missing_tokens"] == 0
+    assert out["invariants"]["no_failed_requests"] and out["invariants"]["no_missing_tokens"]
+
+
+def test_both_prefill_rungs_are_required_only_when_asked():
+    recs = [request(1, 9.9, 12.0, events(IDS)), request(2, 19.9, 23.0, events(IDS))]
+    faults = [kill("kill_prefill", 10.0), kill("kill_prefill", 20.0)]
+    rungs = {"req-1": [{"step": "prefill_retry", "at_ms": 300, "outcome": "recovered"}],
+             "req-2": [{"step": "prefill_retry", "at_ms": 250, "outcome": "recovered"}]}
+    out = verdict(recs, faults, rungs, DrillConfig())
+    assert out["prefill_rungs_seen"] == ["prefill_retry"] and "prefill_rungs_seen" not in out["invariants"]
+    assert all(out["invariants"].values())
+    faults = [kill("kill_prefill", 10.0), kill("kill_prefill", 20.0)]
+    out = verdict(recs, faults, rungs, DrillConfig(require_prefill_rungs=True))
+    assert out["invariants"]["prefill_rungs_seen"] is False
+    rungs["req-2"] = [{"step": "local_prefill", "at_ms": 900, "outcome": "recovered"}]
+    faults = [kill("kill_prefill", 10.0), kill("kill_prefill", 20.0)]
+    out = verdict(recs, faults, rungs, DrillConfig(require_prefill_rungs=True))
+    assert out["invariants"]["prefill_rungs_seen"] is True and all(out["invariants"].values())
+
+
+def test_the_long_prompt_is_one_more_prompt_at_the_end():
+    short = make_prompts(3, 10, seed=1)
+    both = make_prompts(3, 10, seed=1, long_words=200)
+    assert both[:3] == short and len(both) == 4 and len(both[3].split()) > 200
+
+
+# -- the injector, on fakes ---------------------------------------------------------------------------
+
+class FakeFinder:
+    method = "fake"
+
+    def __init__(self, reps: list[Replica]) -> None:
+        self.reps = reps
+
+    def pool(self, pool: str) -> list[Replica]:
+        return [r for r in self.reps if r.pool == pool]
+
+
+class FakeMetrics:
+    def __init__(self, *answers: dict[str, EngineLoad] | None, log: list[str] | None = None) -> None:
+        self.answers = list(answers)
+        self.calls = 0
+        self.log = log if log is not None else []
+
+    def loads(self) -> dict[str, EngineLoad] | None:
+        self.calls += 1
+        self.log.append("metrics")
+        return self.answers[min(self.calls, len(self.answers)) - 1]
+
+
+def _injector(monkeypatch, reps, metrics, *, long_prompt=None, wait_s=2.0):  # type: ignore[no-untyped-def]
+    ep = Endpoint(gateway_url="http://127.0.0.1:9", api_key="k", model="m", app="chaos-t",
+                  pools={"prefill": 1, "decode": 2})
+    cfg = DrillConfig(victim_wait_s=wait_s, replace_timeout_s=0.05)
+    drv = LoadDriver(ep, cfg, ["p0", "p1"])
+    inj = Injector(ep, cfg, drv, 0.0, lambda _m: None, metrics=metrics, long_prompt=long_prompt)
+    inj.finder = FakeFinder(reps)  # type: ignore[assignment]
+    killed: list[int] = []
+
+    def fake_kill(rep: Replica, **_kw) -> tuple[bool, str]:  # type: ignore[no-untyped-def]
+        killed.append(rep.pid)
+        return True, f"SIGKILL [{rep.pid}]: all gone"
+
+    monkeypatch.setattr(drill, "kill_replica", fake_kill)
+    return inj, drv, killed
+
+
+async def _fire(inj: Injector, drv: LoadDriver, kind: str, pool: str) -> FaultRecord:
+    try:
+        return await inj._fire(kind, pool)  # type: ignore[arg-type]
+    finally:
+        for task in inj.background:  # the replacement watch: not under test
+            task.cancel()
+        await asyncio.gather(*inj.background, return_exceptions=True)
+        await drv.close()
+
+
+def test_the_injector_kills_the_replica_its_metrics_show_busy(monkeypatch):
+    idle, busy = (Replica("decode", "Decode:m", 100, children=(101,), replica_id="r-idle"),
+                  Replica("decode", "Decode:m", 200, children=(201,), replica_id="r-busy"))
+    metrics = FakeMetrics({"r-idle": EngineLoad(0, 0), "r-busy": EngineLoad(0, 0)},
+                          {"r-idle": EngineLoad(0, 0), "r-busy": EngineLoad(2, 0)})
+    inj, drv, killed = _injector(monkeypatch, [idle, busy], metrics)
+    f = asyncio.run(_fire(inj, drv, "kill_decode", "decode"))
+    assert killed == [200] and f.fired and f.target.endswith("pid 200")
+    assert f.victim_busy is True and f.victim_load == {"running": 2, "waiting": 0}
+    assert "running requests on victim: 2 from metrics" in f.evidence
+
+
+def test_the_injector_records_an_unverified_victim(monkeypatch):
+    rep = Replica("decode", "Decode:m", 100, children=(101,), replica_id="r1")
+    inj, drv, killed = _injector(monkeypatch, [rep], FakeMetrics(None), wait_s=0.3)
+    f = asyncio.run(_fire(inj, drv, "kill_decode", "decode"))
+    assert killed == [100] and f.victim_busy == "unknown" and "victim_busy: unknown" in f.evidence
+
+
+def test_before_a_prefill_fault_the_long_prompt_is_sent_and_the_fault_waits_for_it(monkeypatch):
+    order: list[str] = []
+    rep = Replica("prefill", "Prefill:m", 300, children=(301,), replica_id="p1")
+    metrics = FakeMetrics({"p1": EngineLoad(0, 0)}, {"p1": EngineLoad(0, 0)}, {"p1": EngineLoad(1, 0)}, log=order)
+    inj, drv, killed = _injector(monkeypatch, [rep], metrics, long_prompt=1)
+    monkeypatch.setattr(drv, "send_extra", lambda idx: order.append(f"send {idx}"))
+    f = asyncio.run(_fire(inj, drv, "kill_prefill", "prefill"))
+    assert order[0] == "send 1" and order[1:] == ["metrics"] * 3
+    assert killed == [300] and f.victim_busy is True
+
+
+def test_the_cli_sets_the_new_drill_options():
+    import typer
+
+    from baton.cli.main import app
+
+    chaos = typer.main.get_command(app).commands["chaos"]  # type: ignore[attr-defined]
+    opts = {o for p in chaos.commands["run"].params for o in p.opts}
+    assert {"--allow-failures", "--require-prefill-rungs", "--long-prompt-words", "--victim-wait", "--stall-s",
+            "--metrics-url"} <= opts
