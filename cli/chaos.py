@@ -58,6 +58,9 @@ def run(  # noqa: PLR0917 - typer options
         "--victim-wait", min=0, help="Seconds a replica fault waits for a replica whose engine reports a "
         "request.")] = 30.0,
     prefill: Annotated[int, typer.Option("--prefill", min=1, help="Prefill replicas.")] = 2,
+    step_tokens: Annotated[int | None, typer.Option(
+        "--max-num-batched-tokens", min=16, help="Tokens per engine step of the started stack (below the prompt "
+        "length a prefill spans several steps and its engine's gauges show it; default vLLM's).")] = None,
     decode: Annotated[int, typer.Option("--decode", min=1, help="Decode replicas.")] = 2,
     attach: Annotated[bool, typer.Option(
         "--attach", help="Use a running gateway and P/D app instead of starting one.")] = False,
@@ -107,7 +110,8 @@ def run(  # noqa: PLR0917 - typer options
         result = _run(cfg, settings, db, err, attach=attach, gateway_url=gateway_url, api_key=api_key,
                       model=model, serve_app=serve_app, dashboard_url=dashboard_url, metrics_url=metrics_url,
                       prefill=prefill,
-                      decode=decode, state_dir=state_dir, tier=tier_downs > 0 or tier_down_whole_run)
+                      decode=decode, state_dir=state_dir, tier=tier_downs > 0 or tier_down_whole_run,
+                      step_tokens=step_tokens)
     if out:
         out.parent.mkdir(parents=True, exist_ok=True)
         out.write_text(json.dumps(result, indent=2, default=str))
@@ -132,7 +136,7 @@ def run(  # noqa: PLR0917 - typer options
 
 def _run(cfg: Any, settings: Any, db: Any, err: Any, *, attach: bool, gateway_url: str | None, api_key: str | None,
          model: str, serve_app: str | None, dashboard_url: str | None, metrics_url: str | None, prefill: int,
-         decode: int, state_dir: Path, tier: bool) -> dict[str, Any]:
+         decode: int, state_dir: Path, tier: bool, step_tokens: int | None) -> dict[str, Any]:
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     from baton.bench.chaos.drill import run_drill
@@ -160,7 +164,7 @@ def _run(cfg: Any, settings: Any, db: Any, err: Any, *, attach: bool, gateway_ur
             result = run_drill(ep, cfg, log=log_bar, progress=progress)
         else:
             scfg = StackConfig(state_dir=state_dir, prefill=prefill, decode=decode, redis_tier=tier,
-                               app=f"chaos-{uuid.uuid4().hex[:6]}")
+                               app=f"chaos-{uuid.uuid4().hex[:6]}", max_num_batched_tokens=step_tokens)
             with ChaosStack(scfg, settings, db, log=log_bar) as ep:
                 result = run_drill(ep, cfg, log=log_bar, progress=progress)
     return result

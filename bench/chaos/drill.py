@@ -35,9 +35,9 @@ import statistics
 import time
 import uuid
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import Any, cast
 
 import httpx
 
@@ -60,6 +60,8 @@ Progress = Callable[[str, float, float], None]
 """``progress(description, done, total)``."""
 
 FAULT_KINDS = ("kill_decode", "kill_prefill", "stop_decode", "stop_prefill", "tier_down", "drop")
+LONG_PROMPT_TRIES = 5
+"""Most long-prompt requests sent before one prefill fault (each one whose prefill ended unseen is replaced)."""
 
 
 @dataclass
@@ -190,9 +192,12 @@ class LoadDriver:
         body.update(self.cfg.extra_body)
         return body
 
-    async def send(self, prompt_idx: int) -> RequestRecord:
+    def _record(self, prompt_idx: int) -> RequestRecord:
         self._seq += 1
-        rec = RequestRecord(seq=self._seq, prompt=prompt_idx, expected_tokens=self.cfg.max_tokens)
+        return RequestRecord(seq=self._seq, prompt=prompt_idx, expected_tokens=self.cfg.max_tokens)
+
+    async def send(self, prompt_idx: int, rec: RequestRecord | None = None) -> RequestRecord:
+        rec = rec or self._record(prompt_idx)
         fl = InFlight(rec)
         self.in_flight[rec.seq] = fl
         rec.t_send = time.monotonic()
@@ -244,8 +249,12 @@ class LoadDriver:
         while not self.stop.is_set():
             await self.send(rng.randrange(self.load_prompts))
 
-    def send_extra(self, prompt_idx: int) -> None:
-        self.extra.append(asyncio.create_task(self.send(prompt_idx)))
+    def send_extra(self, prompt_idx: int) -> RequestRecord:
+        """Sends one request besides the workers' (judged like theirs); its record fills in as it streams."""
+        rec = self._record(prompt_idx)
+        rec.t_send = time.monotonic()
+        self.extra.append(asyncio.create_task(self.send(prompt_idx, rec)))
+        return rec
 
     async def close(self) -> None:
         await self.client.aclose()
@@ -403,15 +412,17 @@ class Injector:
         if kind == "tier_down":
             return await self._tier_down()
         assert pool is not None
-        if pool == "prefill" and self.long_prompt is not None:
-            self.drv.send_extra(self.long_prompt)  # a prefill long enough for its engine to report it
         seen: list[Replica] = []
 
         async def replicas() -> list[Replica]:
             seen[:] = await asyncio.to_thread(self.finder.pool, pool)
             return list(seen)
 
-        choice = await wait_for_busy_victim(pool, replicas, self.metrics, self.rng, timeout_s=self.cfg.victim_wait_s)
+        if pool == "prefill" and self.long_prompt is not None:
+            choice = await self._victim_in_long_prefill(replicas)
+        else:
+            choice = await wait_for_busy_victim(pool, replicas, self.metrics, self.rng,
+                                                timeout_s=self.cfg.victim_wait_s)
         if choice is None:
             f = self._new(kind, pool)
             f.evidence = f"no {pool} replica found"
@@ -434,6 +445,35 @@ class Injector:
         f.pids = list(pids)
         self.background.append(asyncio.create_task(self._resume(f, pids, rep)))
         return f
+
+    async def _victim_in_long_prefill(self, replicas: Callable[[], Awaitable[list[Replica]]]) -> VictimChoice | None:
+        """Keeps a long-prompt request waiting for its first token (a new one once the last got it, at most
+        :data:`LONG_PROMPT_TRIES`) and accepts a busy prefill replica only while one waits: the fault then
+        falls inside a long prompt's prefill (or its KV handoff), not after it."""
+        longs: list[RequestRecord] = []
+
+        def waiting() -> RequestRecord | None:
+            return next((r for r in longs if not r.token_times and not r.t_end), None)
+
+        async def keep() -> None:
+            while len(longs) < LONG_PROMPT_TRIES:
+                if waiting() is None:
+                    longs.append(self.drv.send_extra(cast(int, self.long_prompt)))
+                await asyncio.sleep(0.05)
+
+        keeper = asyncio.create_task(keep())
+        await asyncio.sleep(0)  # the first long prompt goes out before the metrics are read
+        try:
+            choice = await wait_for_busy_victim("prefill", replicas, self.metrics, self.rng,
+                                                timeout_s=self.cfg.victim_wait_s,
+                                                accept=lambda: waiting() is not None)
+        finally:
+            keeper.cancel()
+        w = waiting()
+        if choice is not None:
+            choice.evidence += (f"; long prompt seq {w.seq} waiting for its first token" if w else
+                                f"; no long prompt waiting for its first token ({len(longs)} sent)")
+        return choice
 
     async def _resume(self, f: FaultRecord, pids: tuple[int, ...], rep: Replica) -> None:
         await asyncio.sleep(self.cfg.stall_s)

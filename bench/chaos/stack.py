@@ -42,6 +42,9 @@ class StackConfig:
     kv_cache_gib: float = 0.25
     max_num_seqs: int = 8
     max_model_len: int = 2048
+    max_num_batched_tokens: int | None = None
+    """Tokens per engine step (vLLM's default if unset). Below the prompt length a prefill spans several
+    steps, so its engine's gauges show it running (what the injector's victim choice reads)."""
     lmcache_chunk: int = 256
     lmcache_cpu_gib: float = 0.25
     redis_tier: bool = True
@@ -230,7 +233,7 @@ def deployment_spec(cfg: StackConfig, model_dir: Path, redis_url: str | None, ni
         prefill={"min": cfg.prefill, "max": cfg.prefill},
         decode={"min": cfg.decode, "max": cfg.decode},
         engine={"kv_cache_space_gib": cfg.kv_cache_gib, "max_num_seqs": cfg.max_num_seqs,
-                "max_model_len": cfg.max_model_len},
+                "max_model_len": cfg.max_model_len, "max_num_batched_tokens": cfg.max_num_batched_tokens},
         kv={"connector": "nixl", "nixl_port_base": nixl_port_base, "lmcache": lmcache},
         route_prefix=f"/{cfg.app}",
         env={"BATON_DATAPLANE_REDIS_URL": facts_redis_url},

@@ -150,10 +150,12 @@ def choose_victim(pool: Pool, reps: Sequence[Replica], loads: dict[str, EngineLo
 
 async def wait_for_busy_victim(pool: Pool, list_replicas: Callable[[], Awaitable[list[Replica]]],
                                source: EngineLoadSource, rng: random.Random, *, timeout_s: float = 30.0,
-                               poll_s: float = 0.25, unreadable_grace_s: float = 5.0) -> VictimChoice | None:
-    """Polls until :func:`choose_victim` finds a busy replica. After ``timeout_s`` without one: a serving
-    replica as before with ``busy=False``. Metrics never readable (for ``unreadable_grace_s``) or replica ids
-    unknown: a serving replica with ``busy="unknown"``. None: no replica at all."""
+                               poll_s: float = 0.25, unreadable_grace_s: float = 5.0,
+                               accept: Callable[[], bool] | None = None) -> VictimChoice | None:
+    """Polls until :func:`choose_victim` finds a busy replica (while ``accept()`` holds, when given). After
+    ``timeout_s`` without one: a serving replica as before with ``busy=False``. Metrics never readable (for
+    ``unreadable_grace_s``) or replica ids unknown: a serving replica with ``busy="unknown"``. None: no
+    replica at all."""
     start = time.monotonic()
     ever_read = False
     reps: list[Replica] = []
@@ -163,7 +165,7 @@ async def wait_for_busy_victim(pool: Pool, list_replicas: Callable[[], Awaitable
         ever_read = ever_read or loads is not None
         choice = choose_victim(pool, reps, loads, rng)
         elapsed = time.monotonic() - start
-        if choice is not None and choice.busy is True:
+        if choice is not None and choice.busy is True and (accept is None or accept()):
             return choice
         if choice is not None and choice.busy == "unknown" and (
                 loads is not None or (not ever_read and elapsed >= min(unreadable_grace_s, timeout_s))):
@@ -177,5 +179,6 @@ async def wait_for_busy_victim(pool: Pool, list_replicas: Callable[[], Awaitable
     if not ever_read:
         return VictimChoice(rng.choice(serving), "unknown", None, "victim_busy: unknown (engine metrics unreachable)")
     what = "running" if pool == "decode" else "running or waiting"
+    cond = " when wanted" if accept is not None else ""
     return VictimChoice(rng.choice(serving), False, None,
-                        f"no {pool} replica reported a request {what} within {timeout_s:g} s (engine metrics)")
+                        f"no {pool} replica reported a request {what}{cond} within {timeout_s:g} s (engine metrics)")

@@ -2,6 +2,11 @@
 LMCache tiers with a dedicated Redis as the remote tier) on its own Ray head, behind a real Baton gateway
 on Postgres and Redis. The harness and its ledger are :mod:`baton.bench.chaos`.
 
+Engine steps of 512 tokens: a prompt (~800 tokens; the long one ~1,800) is prefilled in several steps, so
+the prefill engine's gauges show it running and the injector can kill a prefill replica in the middle of
+a prefill (the victim is chosen from the engines' metrics, and each kill must be answered by a recovery
+step in a request that was in flight at it).
+
 About nine minutes on a 2-core machine (half of it starting the three engines). Run by hand under the
 machine-wide lock:
 
@@ -24,7 +29,7 @@ def endpoint(settings, db, tmp_path_factory: pytest.TempPathFactory) -> Iterator
     pytest.importorskip("vllm")
     from baton.bench.chaos.stack import ChaosStack, StackConfig
 
-    cfg = StackConfig(state_dir=tmp_path_factory.mktemp("chaos"), prefill=1, decode=2)
+    cfg = StackConfig(state_dir=tmp_path_factory.mktemp("chaos"), prefill=1, decode=2, max_num_batched_tokens=512)
     with ChaosStack(cfg, settings, db) as ep:
         yield ep
 
@@ -48,26 +53,43 @@ def test_redis_tier_down_for_the_whole_run_costs_no_request(endpoint) -> None:
     assert result["completed"] == result["sent"]
     assert result["text_mismatches"] == 0
     assert result["usage_records_ok"]
+    assert result["invariants"]["no_failed_requests"] and result["invariants"]["no_missing_tokens"]
 
 
 def test_decode_and_prefill_kills_lose_no_request_and_no_token(endpoint) -> None:
     from baton.bench.chaos.drill import DrillConfig, run_drill
 
+    # 500 words: ~1,800 tokens of the tiny model's tokenizer (max_model_len 2,048 with the 48 answered)
     cfg = DrillConfig(kills=2, stalls=0, tier_downs=0, drops=1, prompts=4, concurrency=3, max_tokens=48,
-                      gap_s=(2.0, 5.0), seed=2, first_kills=("kill_decode", "kill_prefill"))
+                      gap_s=(2.0, 5.0), seed=2, first_kills=("kill_decode", "kill_prefill"), long_prompt_words=500)
     result = run_drill(endpoint, cfg)
     _show(result)
     # every fault really happened: the decode kill with streams in flight (mid-stream)
     assert result["faults_fired"].get("kill_decode") == 1 and result["faults_fired"].get("kill_prefill") == 1
     assert result["faults_not_fired"] == 0 and result["faults_not_recovered"] == 0
+    assert result["baseline"]["long_prompt"]
     decode_kill = next(f for f in result["faults"] if f["kind"] == "kill_decode")
+    prefill_kill = next(f for f in result["faults"] if f["kind"] == "kill_prefill")
     assert decode_kill["streams_in_flight"] > 0
-    # the ledger's invariants
+    # each victim was serving a request by its engine's own metrics, and the ladder answered each kill in a
+    # request that was in flight at it: the decode kill with a decode-side step, the prefill kill with a rung
+    for f in (decode_kill, prefill_kill):
+        assert f["victim_busy"] is True, f
+        assert f["requests_in_flight"] and f["matched_steps"], f
+    assert all(s["step"].startswith("decode_") or s["step"] == "aggregated_fallback"
+               for s in decode_kill["matched_steps"])
+    assert {s["step"] for s in prefill_kill["matched_steps"]} <= {"prefill_retry", "local_prefill"}
+    assert result["prefill_rungs_seen"]
+    # the ledger's invariants: no request failed, none lost or cut, no token lost (a failed stream's
+    # untransmitted tail included; only the dropped client's stream is a prefix), duplicated or wrong
+    assert result["failed"] == 0 and result["cancelled"] == 1
     assert result["lost"] == 0
     assert result["truncated_200s"] == 0
     assert result["multiple_finals"] == 0
     assert result["duplicated_tokens"] == 0 and result["missing_tokens"] == 0 and result["mismatched_tokens"] == 0
     assert result["text_mismatches"] == 0
     assert result["usage_records_ok"] and result["record_states_ok"]
+    for name in ("no_failed_requests", "every_fault_matched_to_a_step", "victims_were_busy"):
+        assert result["invariants"][name], name
     assert result["ok"], result["invariants"]
 

@@ -209,15 +209,48 @@ def test_the_injector_records_an_unverified_victim(monkeypatch):
     assert killed == [100] and f.victim_busy == "unknown" and "victim_busy: unknown" in f.evidence
 
 
+def _fake_long_sends(monkeypatch, drv, order, sent=None):  # type: ignore[no-untyped-def]
+    sent = [] if sent is None else sent
+
+    def send_extra(idx: int) -> RequestRecord:
+        rec = RequestRecord(seq=100 + len(sent), prompt=idx, expected_tokens=4, t_send=1.0)
+        sent.append(rec)
+        order.append(f"send {idx}")
+        return rec
+
+    monkeypatch.setattr(drv, "send_extra", send_extra)
+    return sent
+
+
 def test_before_a_prefill_fault_the_long_prompt_is_sent_and_the_fault_waits_for_it(monkeypatch):
     order: list[str] = []
     rep = Replica("prefill", "Prefill:m", 300, children=(301,), replica_id="p1")
     metrics = FakeMetrics({"p1": EngineLoad(0, 0)}, {"p1": EngineLoad(0, 0)}, {"p1": EngineLoad(1, 0)}, log=order)
     inj, drv, killed = _injector(monkeypatch, [rep], metrics, long_prompt=1)
-    monkeypatch.setattr(drv, "send_extra", lambda idx: order.append(f"send {idx}"))
+    sent = _fake_long_sends(monkeypatch, drv, order)
     f = asyncio.run(_fire(inj, drv, "kill_prefill", "prefill"))
-    assert order[0] == "send 1" and order[1:] == ["metrics"] * 3
+    assert order[0] == "send 1" and order[1:] == ["metrics"] * 3 and len(sent) == 1
     assert killed == [300] and f.victim_busy is True
+    assert "long prompt seq 100 waiting for its first token" in f.evidence
+
+
+def test_a_busy_prefill_after_the_long_prompt_got_its_first_token_is_not_taken(monkeypatch):
+    order: list[str] = []
+    rep = Replica("prefill", "Prefill:m", 300, children=(301,), replica_id="p1")
+    sent: list[RequestRecord] = []
+
+    class PrefillDoneFirst(FakeMetrics):
+        def loads(self):  # type: ignore[no-untyped-def]
+            if self.calls == 0:
+                sent[0].token_times.append(2.0)  # the first long prompt's prefill ended unseen
+            return super().loads()
+
+    inj, drv, killed = _injector(monkeypatch, [rep], PrefillDoneFirst({"p1": EngineLoad(1, 0)}, log=order),
+                                 long_prompt=1)
+    _fake_long_sends(monkeypatch, drv, order, sent)
+    f = asyncio.run(_fire(inj, drv, "kill_prefill", "prefill"))
+    assert len(sent) == 2 and f.victim_busy is True and killed == [300]
+    assert "long prompt seq 101 waiting for its first token" in f.evidence
 
 
 def test_the_cli_sets_the_new_drill_options():

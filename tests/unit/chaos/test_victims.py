@@ -149,3 +149,15 @@ def test_metrics_agents_are_found_from_the_dashboards_node_table():
 def test_an_agent_that_cannot_be_reached_reads_as_unreadable():
     assert RayMetricsAgent().loads() is None  # nothing to read
     assert RayMetricsAgent(["http://127.0.0.1:9/metrics"], timeout_s=0.5).loads() is None
+
+
+def test_a_busy_replica_is_taken_only_while_the_caller_wants_it():
+    reps = [rep(10, "pre1", "prefill")]
+    metrics = FakeMetrics({"pre1": EngineLoad(1, 0)})
+    wanted = iter([False, False, True])
+    choice = run(wait_for_busy_victim("prefill", listing(*reps), metrics, random.Random(0), timeout_s=5,
+                                      poll_s=0.01, accept=lambda: next(wanted)))
+    assert choice is not None and choice.busy is True and metrics.calls == 3
+    choice = run(wait_for_busy_victim("prefill", listing(*reps), metrics, random.Random(0), timeout_s=0.1,
+                                      poll_s=0.01, accept=lambda: False))
+    assert choice is not None and choice.busy is False and "when wanted" in choice.evidence
