@@ -83,14 +83,14 @@ def run(
     import ray
     from ray import serve
 
-    from baton.dataplane.app import build_spec_app
+    from baton.dataplane.app import serve_run
     from baton.dataplane.render import ray_cluster_env
 
     os.environ.update(ray_cluster_env())  # the cluster's processes inherit it
     ray.init(num_cpus=num_cpus, _node_ip_address="127.0.0.1", include_dashboard=False)
     serve.start(http_options={"host": "127.0.0.1", "port": port})
     route = s.route_prefix
-    serve.run(build_spec_app(s), name=s.name, route_prefix=route, blocking=False)
+    serve_run(s)
     base = f"http://127.0.0.1:{port}{route.rstrip('/')}/v1"
     typer.echo(f"{s.name} is running: OpenAI base URL {base}, model {s.model.served_name!r}. Ctrl-C stops it.")
     try:

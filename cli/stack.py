@@ -261,8 +261,11 @@ def wait_running(admin: Admin, deployment: dict[str, object], settings: Settings
 
     from baton.control.ray_client import RayServeClient
 
+    import datetime as dt
+
     ray = RayServeClient.from_settings(settings)
     deadline = time.monotonic() + timeout_s
+    started = dt.datetime.now(dt.UTC)
     try:
         with Progress(SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(),
                       transient=True) as bar:
@@ -275,11 +278,13 @@ def wait_running(admin: Admin, deployment: dict[str, object], settings: Settings
                 r = admin.http.get(f"/deployments/{deployment['id']}/status")
                 state = r.json().get("observed_state") if r.status_code == 200 else None
                 reason = r.json().get("observed_reason") if r.status_code == 200 else None
+                seen = r.json().get("observed_at") if r.status_code == 200 else None
+                fresh = bool(seen) and dt.datetime.fromisoformat(seen) >= started  # not the previous run's failure
                 serving = app.status if app is not None else "not deployed yet"
                 bar.update(task, description=f"P/D deployment: Ray Serve {serving.lower()}, control plane {state}")
                 if app is not None and app.status == "RUNNING" and state == "running":
                     return
-                if state == "failed" or (app is not None and app.status == "DEPLOY_FAILED"):
+                if (state == "failed" and fresh) or (app is not None and app.status == "DEPLOY_FAILED"):
                     raise typer.Exit(_fail(f"the deployment failed: {reason or app.message if app else reason}"))
                 time.sleep(2)
     finally:

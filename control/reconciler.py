@@ -39,12 +39,14 @@ from baton.control.spec import deployment_spec, throughput_from
 from baton.core import errors
 from baton.core import models as m
 from baton.core.db import Database, UnitOfWork, translated
-from baton.dataplane.render import render_serve_config
+from baton.dataplane.render import PREFILL_APP_SUFFIX, render_serve_config
 
 log = logging.getLogger(__name__)
 
 ACTOR = "system:reconciler"
 #: Key of the advisory lock that serialises reconcile passes across workers.
+#: Observed states from best to worst: a deployment of several Serve applications is its worst one.
+_SEVERITY = ("running", "deploying", "unhealthy", "failed")
 LOCK_KEY = int.from_bytes(hashlib.sha256(b"baton.reconciler").digest()[:8], "big", signed=True)
 
 
@@ -164,7 +166,7 @@ class Reconciler:
 
     def _desired(self) -> tuple[dict[uuid.UUID, _Row], list[dict[str, Any]], dict[uuid.UUID, str]]:
         """Rows, the Serve application entries of those that should run, and the invalid ones."""
-        from baton.dataplane.render import render_serve_application
+        from baton.dataplane.render import render_serve_applications
 
         rows: dict[uuid.UUID, _Row] = {}
         entries: list[dict[str, Any]] = []
@@ -186,7 +188,7 @@ class Reconciler:
                 except errors.ValidationError as exc:
                     invalid[d.id] = exc.message
                     continue
-                entries.append(render_serve_application(spec))
+                entries.extend(render_serve_applications(spec))
         return rows, entries, invalid
 
     def _status(self) -> ServeStatus | None:
@@ -255,23 +257,28 @@ class Reconciler:
         gen: int
         with self.db.system() as uow:
             for r in rows.values():
-                app = status.apps.get(r.name)
+                # A row's applications: its own, and a P/D deployment's prefill pool.
+                names = [n for n in (r.name + PREFILL_APP_SUFFIX, r.name) if n in by_name]
+                apps = [status.apps.get(n) for n in names]
+                present = [a for a in (status.apps.get(r.name), status.apps.get(r.name + PREFILL_APP_SUFFIX))
+                           if a is not None]
                 if r.id in invalid:
                     state, reason = "failed", invalid[r.id]
                     gen = r.observed_generation
                 elif r.desired == "running":
-                    entry = by_name[r.name]
-                    if app is None:
+                    if any(a is None for a in apps):
                         state = "deploying" if result.applied else "pending"
                         reason = f"apply failed: {result.apply_error}" if result.apply_error else None
                         if result.apply_rejected:
                             state = "failed"
                         gen = r.observed_generation
                     else:
-                        state = APP_STATUS_TO_OBSERVED.get(app.status, "deploying")
-                        current = app.matches(entry)
+                        running = [a for a in apps if a is not None]
+                        state = max((APP_STATUS_TO_OBSERVED.get(a.status, "deploying") for a in running),
+                                    key=_SEVERITY.index)
+                        current = all(a.matches(by_name[n]) for n, a in zip(names, running, strict=True))
                         gen = r.generation if current else r.observed_generation
-                        reason = app.message or None
+                        reason = "; ".join(a.message for a in running if a.message) or None
                         if result.apply_error and not current:
                             # Serve still runs the older spec (observed_generation says which).
                             reason = f"apply failed: {result.apply_error}"
@@ -280,8 +287,8 @@ class Reconciler:
                         elif not current and state == "running":
                             state = "deploying"
                     result.states[r.name] = state
-                elif app is not None:  # stopped or deleted, but Serve still has it
-                    state, reason, gen = "deploying", f"removing ({app.status.lower()})", r.observed_generation
+                elif present:  # stopped or deleted, but Serve still has it
+                    state, reason, gen = "deploying", f"removing ({present[0].status.lower()})", r.observed_generation
                     if result.apply_error:
                         reason = f"apply failed: {result.apply_error}"
                     result.states[r.name] = state

@@ -304,6 +304,10 @@ class NixlConnector(_VllmNixlConnector):
         start_ns = done_ns - int(transfer_ms * 1e6)
         self._baton_span(t.SPAN_KV_TRANSFER, rec.note, attrs, start_ns=max(start_ns, rec.seen_ns), end_ns=done_ns,
                          error="KV load failed" if failed else None)
+        if rec.note.request_id and failed:
+            # vLLM recomputes the prompt (kv_load_failure_policy: recompute): a rung of the ladder, on record.
+            post_fact(rec.note.request_id, "kv_load_failed", {
+                "connector": "nixl", "blocks": rec.blocks, "wait_ms": wait_ms, "t_unix": done_ns / 1e9})
         if rec.note.request_id and not failed:
             post_fact(rec.note.request_id, "kv_transfer", {
                 "connector": "nixl", "kv_bytes": kv_bytes, "expected_bytes": expected, "transfer_ms": transfer_ms,

@@ -2,10 +2,11 @@
 
 Ray's `PDDecodeServer` sends the prompt to a prefill replica (`max_tokens=1`, NIXL
 `kv_transfer_params`), then decodes locally on the transferred KV. `BatonPDDecodeServer` routes every
-request through `_orchestrate`, the one place where the recovery ladder plugs in (retry prefill on
-another replica, prefill locally, resume decode elsewhere); today it delegates unchanged to Ray's
-orchestration. It also records each KV handoff (the prefill blocks the decode engine pulls), the
-numbers the `dataplane.kv_handoff` span reports.
+request through `_orchestrate`, the prefill side of the recovery ladder (`baton.dataplane.recovery`:
+retry prefill on another live replica, else prefill locally); the decode side (resume on another
+replica, or on the prefill pool's engine) is the gateway's. The prefill pool is a Serve application of
+its own (`baton.dataplane.app.build_prefill_app`), looked up by name. The server also records each KV
+handoff (the prefill blocks the decode engine pulls), the numbers the `dataplane.kv_handoff` span reports.
 """
 
 from __future__ import annotations
@@ -86,6 +87,20 @@ class BatonPDDecodeServer(PDDecodeServer):
     _handoffs: collections.deque[dict[str, Any]]
     _baton_shape_cache: dp_tracing.ModelShape | None
     _baton_replica_name: str
+
+    async def __init__(self, llm_config: Any, *, prefill_server: Any = None, prefill_app: str | None = None,
+                       prefill_deployment: str | None = None, **kwargs: Any) -> None:
+        """``prefill_server``: a handle to the prefill deployment bound in the same application (Ray's
+        builder), or, when None, the deployment ``prefill_deployment`` of the application ``prefill_app``
+        (Baton's P/D layout: the prefill pool is an application of its own, reachable over HTTP too)."""
+        if prefill_server is None:
+            from ray import serve
+
+            if not (prefill_app and prefill_deployment):
+                raise ValueError("a prefill handle, or the prefill application and deployment, is needed")
+            # Not checked: the prefill application may still be deploying; calls wait for its replicas.
+            prefill_server = serve.get_deployment_handle(prefill_deployment, prefill_app, _check_exists=False)
+        await super().__init__(llm_config, prefill_server=prefill_server, **kwargs)
 
 
     def _get_connector_backend(self) -> Any:

@@ -9,6 +9,12 @@
    params), unless ``BATON_LOCAL_PREFILL=0``.
 3. Then 503 (the gateway's own budget may retry the whole request).
 
+The rung is chosen from live health, never by waiting for Ray to replace a replica: the handle's
+router knows which prefill replicas are alive (Ray drops a replica from it as soon as a call to it
+fails with the actor dead). With none alive the request goes to rung 2 at once (before the first
+attempt, or instead of a retry); a retry after a timeout needs another live replica than the one
+that did not answer (with a single replica, the retry would wait on the same stalled engine).
+
 Each step taken is a ``recovery_steps`` entry (``prefill_retry``, ``local_prefill``), written as the
 request's data-plane fact for the gateway (:mod:`baton.dataplane.facts`). A client error from the
 prefill engine (4xx) is passed on at once: retrying cannot change it. Connectors that bind a peer
@@ -95,6 +101,20 @@ def unavailable(message: str) -> Any:
     return ErrorResponse(error=ErrorInfo(message=message, type="ServiceUnavailable", code=503))
 
 
+def live_replicas(handle: Any) -> int | None:
+    """Prefill replicas the handle's router can send to now; None while it does not know (not yet used,
+    or Ray's internals not as expected: then the ladder runs as if they were all alive)."""
+    try:
+        router = handle._router
+        if router is None or not router.running_replicas_populated():
+            return None
+        inner = getattr(router, "_asyncio_router", router)
+        request_router = inner.request_router
+        return None if request_router is None else len(request_router.curr_replicas)
+    except Exception:
+        return None
+
+
 def request_id_of(raw_request_info: Any) -> str | None:
     headers = getattr(raw_request_info, "headers", None) or {}
     rid = headers.get("x-request-id") if isinstance(headers, dict) else None
@@ -138,45 +158,57 @@ async def orchestrate(server: Any, request: Any, raw_request_info: Any,
     steps = Steps()
     prefill_chunk: Any = None
     why = ""
-    for attempt in range(1, policy.attempts + 1):
-        if attempt > 1:
-            await asyncio.sleep(policy.delay(attempt))
-        t0 = time.perf_counter()
-        prefill_request = backend.prepare_prefill_request(request=request, peer=None)
-        server._request_prefill_token_ids(prefill_request)
-        gen = call.remote(prefill_request, raw_request_info)
-        try:
-            chunk = await asyncio.wait_for(gen.__anext__(), timeout=policy.timeout_s)
-        except TimeoutError:
-            why = f"prefill did not answer within {policy.timeout_s:g} s"
-            chunk = None
-        except StopAsyncIteration:
-            why = "prefill ended without an answer"
-            chunk = None
-        except Exception as exc:  # RayActorError, ActorDiedError, ActorUnavailableError, ...
-            why = f"prefill failed: {type(exc).__name__}"
-            chunk = None
-        if chunk is not None and _is_error(chunk):
-            code = _error_code(chunk) or 500
-            if code < 500 and code != 429:  # the request itself is refused: the client's error
-                if attempt > 1:
-                    steps.add("prefill_retry", t0, "failed", f"prefill refused the request ({code})")
-                    await record_fact(request_id_of(raw_request_info), "recovery_steps", steps.items)
-                yield chunk
-                return
-            why = f"prefill answered {code}"
-            chunk = None
-        if chunk is None:
-            with contextlib.suppress(Exception):
-                gen.cancel()
+    if live_replicas(server._prefill_handle) == 0:
+        why = "no live prefill replica"
+    else:
+        for attempt in range(1, policy.attempts + 1):
             if attempt > 1:
-                steps.add("prefill_retry", t0, "failed", f"attempt {attempt}: {why}")
-            log.warning("prefill attempt %d/%d: %s", attempt, policy.attempts, why)
-            continue
-        if attempt > 1:
-            steps.add("prefill_retry", t0, "recovered", f"attempt {attempt} answered after: {why}")
-        prefill_chunk = chunk
-        break
+                await asyncio.sleep(policy.delay(attempt))
+            t0 = time.perf_counter()
+            prefill_request = backend.prepare_prefill_request(request=request, peer=None)
+            server._request_prefill_token_ids(prefill_request)
+            gen = call.remote(prefill_request, raw_request_info)
+            timed_out = False
+            try:
+                chunk = await asyncio.wait_for(gen.__anext__(), timeout=policy.timeout_s)
+            except TimeoutError:
+                why = f"prefill did not answer within {policy.timeout_s:g} s"
+                timed_out = True
+                chunk = None
+            except StopAsyncIteration:
+                why = "prefill ended without an answer"
+                chunk = None
+            except Exception as exc:  # RayActorError, ActorDiedError, ActorUnavailableError, ...
+                why = f"prefill failed: {type(exc).__name__}"
+                chunk = None
+            if chunk is not None and _is_error(chunk):
+                code = _error_code(chunk) or 500
+                if code < 500 and code != 429:  # the request itself is refused: the client's error
+                    if attempt > 1:
+                        steps.add("prefill_retry", t0, "failed", f"prefill refused the request ({code})")
+                        await record_fact(request_id_of(raw_request_info), "recovery_steps", steps.items)
+                    yield chunk
+                    return
+                why = f"prefill answered {code}"
+                chunk = None
+            if chunk is None:
+                with contextlib.suppress(Exception):
+                    gen.cancel()
+                if attempt > 1:
+                    steps.add("prefill_retry", t0, "failed", f"attempt {attempt}: {why}")
+                log.warning("prefill attempt %d/%d: %s", attempt, policy.attempts, why)
+                live = live_replicas(server._prefill_handle)
+                if live == 0:
+                    why += "; no live prefill replica"
+                    break
+                if timed_out and live == 1:
+                    why += "; the only live prefill replica did not answer"
+                    break
+                continue
+            if attempt > 1:
+                steps.add("prefill_retry", t0, "recovered", f"attempt {attempt} answered after: {why}")
+            prefill_chunk = chunk
+            break
 
     if prefill_chunk is not None:
         if steps.items:

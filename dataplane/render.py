@@ -114,14 +114,52 @@ def ray_cluster_env(*, haproxy_stats_port: int | None = None, haproxy_metrics_po
     return env
 
 
-def render_serve_application(spec: DeploymentSpec) -> dict[str, Any]:
-    """The spec's entry in a Ray Serve declarative config (`applications[]`)."""
-    return {
+#: The prefill pool of a P/D deployment is a Serve application of its own (see `prefill_app_name`).
+PREFILL_APP_IMPORT_PATH = "baton.dataplane.app:build_prefill_app"
+#: Suffix of a P/D deployment's prefill application name and route: a deployment name is a DNS label
+#: (no dots), so ``<name>.prefill`` never collides with another deployment.
+PREFILL_APP_SUFFIX = ".prefill"
+
+
+def prefill_app_name(spec: DeploymentSpec) -> str:
+    """The Serve application of a P/D deployment's prefill pool.
+
+    The decode server reaches the pool through a handle to it (the prefill step); Serve's HTTP ingress
+    reaches it at :func:`prefill_route`, so that when the decode pool has no live replica the gateway
+    can send the request, or the rest of a broken stream, to the prefill engine, which decodes as well
+    (the aggregated fallback of the recovery ladder)."""
+    return spec.name + PREFILL_APP_SUFFIX
+
+
+def prefill_route(spec: DeploymentSpec) -> str:
+    """HTTP route of the prefill application: the deployment's route with the suffix."""
+    base = spec.route_prefix.rstrip("/") or f"/{spec.name}"
+    return base + PREFILL_APP_SUFFIX
+
+
+def render_serve_applications(spec: DeploymentSpec) -> list[dict[str, Any]]:
+    """The spec's entries in a Ray Serve declarative config (`applications[]`): one app, and for P/D
+    a second one for the prefill pool (listed first: the decode servers look its deployment up)."""
+    main = {
         "name": spec.name,
         "route_prefix": spec.route_prefix,
         "import_path": APP_IMPORT_PATH,
         "args": spec.model_dump(mode="json"),
     }
+    if spec.mode != "pd":
+        return [main]
+    prefill = {
+        "name": prefill_app_name(spec),
+        "route_prefix": prefill_route(spec),
+        "import_path": PREFILL_APP_IMPORT_PATH,
+        "args": spec.model_dump(mode="json"),
+    }
+    return [prefill, main]
+
+
+def render_serve_application(spec: DeploymentSpec) -> dict[str, Any]:
+    """The spec's main entry in a Ray Serve declarative config (the app clients are routed to)."""
+    return render_serve_applications(spec)[-1]
 
 
 def render_serve_config(
@@ -130,7 +168,7 @@ def render_serve_config(
     """A whole Serve config (what `PUT /api/serve/applications/` takes) for the given specs."""
     return {
         "http_options": {"host": http_host, "port": http_port},
-        "applications": [render_serve_application(s) for s in specs],
+        "applications": [entry for s in specs for entry in render_serve_applications(s)],
     }
 
 

@@ -39,7 +39,7 @@ def build_gateway(
     principals = PrincipalCache(partial(load_principal, db, salt_secret=secret), key_secret=secret,
                                 ttl=g.key_cache_ttl_s)
     if router is None:
-        router = ChainRouter([StaticRouter(g.upstreams),
+        router = ChainRouter([StaticRouter(g.upstreams, g.fallback_upstreams),
                               DeploymentRouter(db, settings.ray.serve_url, ttl=g.route_cache_ttl_s)])
     return Gateway(
         principals=principals,

@@ -4,7 +4,8 @@ Called by the usage meter on each batch before it is written, off the request pa
 ``HGETALL baton:req:<request id>`` per outcome that went to a Serve deployment. The ``handoff`` fact
 (the decode server's view, submit to first token) fills ``kv_bytes``/``handoff_ms``; the
 ``kv_transfer`` fact (NIXL's own timing inside the decode engine), when present, replaces them with
-the transfer itself; data-plane ``recovery_steps`` are appended to the outcome's own and
+the transfer itself; data-plane ``recovery_steps`` (and a ``kv_recompute`` step where the decode
+engine's KV pull failed and it recomputed the prompt) are appended to the outcome's own and
 become ``recovery.<step>`` spans in the request's trace (parent: its ``gateway.request`` span).
 Redis down or slow costs only the facts.
 """
@@ -25,6 +26,8 @@ from baton.core import telemetry as t
 log = logging.getLogger(__name__)
 
 TIMEOUT_S = 0.5
+#: Step of a request whose KV the decode engine failed to load and recomputed instead (never decoded on it).
+KV_RECOMPUTE_STEP = "kv_recompute"
 
 
 def fact_key(request_hex: str) -> str:
@@ -72,10 +75,22 @@ class FactMerger:
             if isinstance(measured.get("transfer_ms"), int | float):
                 o.handoff_ms = float(measured["transfer_ms"])
         steps = facts.get("recovery_steps")
-        if isinstance(steps, list):
-            steps = [dict(s, source="dataplane") for s in steps if isinstance(s, dict) and "step" in s]
+        steps = [dict(s, source="dataplane") for s in steps if isinstance(s, dict) and "step" in s] \
+            if isinstance(steps, list) else []
+        failed_load = facts.get("kv_load_failed")  # the decode engine could not pull the KV: it recomputed
+        if isinstance(failed_load, dict):
+            t_unix = failed_load.get("t_unix")
+            wait_ms = failed_load.get("wait_ms")
+            at_ms = (float(t_unix) - o.started) * 1000 if isinstance(t_unix, int | float) else 0.0
+            steps.append({"step": KV_RECOMPUTE_STEP, "at_ms": round(max(at_ms, 0.0), 3),
+                          "duration_ms": round(float(wait_ms), 3) if isinstance(wait_ms, int | float) else 0.0,
+                          "outcome": "recovered", "source": "dataplane",
+                          "detail": f"KV pull over {failed_load.get('connector', 'the connector')} failed "
+                                    f"({failed_load.get('blocks', '?')} blocks); the decode engine recomputed "
+                                    "the prompt"})
+        if steps:
             o.recovery_steps.extend(steps)
-            if steps and self._tracer is not None and o.trace_id and o.span_id:
+            if self._tracer is not None and o.trace_id and o.span_id:
                 parent = t.context_from_traceparent(f"00-{o.trace_id}-{o.span_id}-01")
                 gw_tracing.recovery_spans(self._tracer, parent, steps, int(o.started * 1e9))
 

@@ -115,6 +115,179 @@ def continuation_body(endpoint: str, payload: dict[str, Any], prompt_ids: list[i
 
 Opener = Callable[[str, bytes], Awaitable[httpx.Response]]
 
+#: Step recorded when a call went to the deployment's fallback pool (a P/D deployment's prefill engine).
+FALLBACK_STEP = "aggregated_fallback"
+
+
+class PoolHealth:
+    """Upstream pools that failed a call just now, per base URL, as the gateway saw them.
+
+    A pool is taken as down for ``hold_s`` after a failed call (no answer, or a 502/503/504 from Serve's
+    ingress: no live replica behind it); meanwhile calls go to the fallback first. Any answer from it
+    again clears the mark."""
+
+    def __init__(self, hold_s: float = 2.0) -> None:
+        self.hold_s = hold_s
+        self._down_until: dict[str, float] = {}
+
+    def down(self, pool: str) -> bool:
+        until = self._down_until.get(pool)
+        if until is None:
+            return False
+        if time.monotonic() >= until:
+            self._down_until.pop(pool, None)
+            return False
+        return True
+
+    def failed(self, pool: str) -> None:
+        self._down_until[pool] = time.monotonic() + self.hold_s
+
+    def answered(self, pool: str) -> None:
+        self._down_until.pop(pool, None)
+
+
+class FailoverOpener:
+    """An :data:`Opener` over a deployment's pool and its fallback pool (the aggregated fallback of the
+    recovery ladder: a P/D deployment's prefill engine is a whole engine and decodes too).
+
+    A replica that died does not make its pool fail fast: Serve's HAProxy sends the call to Serve's
+    own proxy, which holds it until Ray has replaced the replica (tens of seconds on CPU hosts). So the
+    pool is judged by how it answers, live:
+
+    - a request's first call goes to the primary pool; if that gives no answer or a 502/503/504, the
+      same call goes at once to the fallback, and if the primary has not answered within ``hedge_s``
+      the fallback is asked too;
+    - a later call (a retry before the first token, the rest of a broken stream) and any call while the
+      primary failed just now (:class:`PoolHealth`) go to both pools at once.
+
+    The first usable answer wins; the other call is cancelled (the same greedy continuation from either
+    pool: the client's stream does not tell them apart). Each call the fallback wins is an
+    ``aggregated_fallback`` step of the request, which ``/metrics`` counts (``baton_recovery_events``).
+    When both fail, the primary's failure is what the caller sees (retries and budgets stay the caller's)."""
+
+    def __init__(self, primary: Opener, fallback: Opener, health: PoolHealth, pool: str, outcome: Outcome,
+                 *, hedge_s: float = 2.0) -> None:
+        self._primary = primary
+        self._fallback = fallback
+        self._health = health
+        self._pool = pool
+        self._outcome = outcome
+        self._hedge_s = hedge_s
+        self._calls = 0
+        self.last = "primary"
+
+    async def __call__(self, endpoint: str, body: bytes) -> httpx.Response:
+        self._calls += 1
+        t0 = time.perf_counter()
+        down = self._health.down(self._pool)
+        delay = self._hedge_s if self._calls == 1 and not down else 0.0
+        primary = asyncio.ensure_future(self._try(self._primary, endpoint, body))
+        fallback: asyncio.Future[httpx.Response | _NoAnswer] | None = None
+        failed: _NoAnswer | None = None
+        try:
+            if delay > 0:
+                done, _ = await asyncio.wait({primary}, timeout=delay)
+                if primary in done:
+                    answer = primary.result()
+                    if not isinstance(answer, _NoAnswer):
+                        return self._served_by_primary(answer)
+                    failed = answer
+            fallback = asyncio.ensure_future(self._try(self._fallback, endpoint, body))
+            pending: set[asyncio.Future[httpx.Response | _NoAnswer]] = {fallback}
+            if failed is None:
+                pending.add(primary)
+            fallback_failed: _NoAnswer | None = None
+            while pending:
+                done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+                for task in sorted(done, key=lambda f: f is not primary):  # the primary wins a tie
+                    answer = task.result()
+                    if isinstance(answer, _NoAnswer):
+                        if task is primary:
+                            failed = answer
+                        else:
+                            fallback_failed = answer
+                        continue
+                    for other in done - {task}:
+                        _close_answer(other)
+                    if task is primary:
+                        return self._served_by_primary(answer)
+                    self._health.failed(self._pool)
+                    why = (f"decode pool: {failed.why}" if failed is not None else
+                           "the decode pool failed a call just now" if down else
+                           "the decode pool had not answered" if self._calls == 1 else
+                           "the decode pool raced after a break")
+                    return self._served_by_fallback(answer, t0, why)
+            self._health.failed(self._pool)
+            assert failed is not None
+            other = fallback_failed.why if fallback_failed is not None else "no answer"
+            self._outcome.step(FALLBACK_STEP, t0, "failed", f"decode pool: {failed.why}; fallback: {other}")
+            self.last = "primary"
+            return failed.reraise()
+        finally:
+            for task in (primary, fallback):
+                if task is not None and not task.done():
+                    task.cancel()
+                    task.add_done_callback(_close_answer)
+
+    def _served_by_primary(self, response: httpx.Response) -> httpx.Response:
+        self._health.answered(self._pool)
+        self.last = "primary"
+        return response
+
+    async def _try(self, opener: Opener, endpoint: str, body: bytes) -> httpx.Response | _NoAnswer:
+        """The answer, or why there was none (a 502/503/504 answer is read, closed and counts as none)."""
+        try:
+            response = await opener(endpoint, body)
+        except httpx.HTTPError as exc:
+            return _NoAnswer(f"upstream {type(exc).__name__}", error=exc)
+        if response.status_code not in FAILOVER_STATUSES:
+            return response
+        try:
+            content = await response.aread()
+        except httpx.HTTPError:
+            content = b""
+        finally:
+            await response.aclose()
+        return _NoAnswer(f"upstream status {response.status_code}", status=response.status_code, content=content)
+
+    def _served_by_fallback(self, response: httpx.Response, t0: float, why: str) -> httpx.Response:
+        self.last = "fallback"
+        self._outcome.step(FALLBACK_STEP, t0, "recovered" if response.status_code == 200 else "failed",
+                           f"{why}; served by the prefill pool's engine")
+        return response
+
+
+def _close_answer(task: asyncio.Future[Any]) -> None:
+    """Closes the answer of a call that lost the race (or was cancelled after it answered)."""
+    if task.cancelled() or task.exception() is not None:
+        return
+    answer = task.result()
+    if not isinstance(answer, _NoAnswer):
+        closing = asyncio.ensure_future(answer.aclose())
+        _closing.add(closing)
+        closing.add_done_callback(_closing.discard)
+
+
+_closing: set[asyncio.Future[Any]] = set()
+
+
+#: Statuses of a pool that cannot take the call now (Serve's ingress with no live replica, a replica dying).
+FAILOVER_STATUSES = frozenset({502, 503, 504})
+
+
+@dataclass(frozen=True, slots=True)
+class _NoAnswer:
+    why: str
+    error: httpx.HTTPError | None = None
+    status: int = 0
+    content: bytes = b""
+
+    def reraise(self) -> httpx.Response:
+        """What the caller sees of the primary's failure: its error, or its (already read) answer."""
+        if self.error is not None:
+            raise self.error
+        return httpx.Response(self.status, content=self.content)
+
 
 async def open_with_retry(opener: Opener, endpoint: str, body: bytes, *, policy: ResumePolicy,
                           deadline: float, tries: list[int]) -> tuple[httpx.Response | None, str]:

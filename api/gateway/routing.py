@@ -3,8 +3,10 @@
 - :class:`StaticRouter`: ``gateway.upstreams`` from settings (a bare engine in development and tests).
 - :class:`DeploymentRouter`: the model's running deployment in Postgres, reached through Ray Serve's
   HTTP proxy at ``{ray.serve_url}/{deployment name}`` (one Serve application per deployment, route
-  prefix ``/<deployment name>``, serving the catalogue model name). The whole table is read at most
-  once per ``ttl`` seconds, in a worker thread; if Postgres is down the last known routes stay.
+  prefix ``/<deployment name>``, serving the catalogue model name). A P/D deployment's prefill pool is
+  an application of its own at ``/<deployment name>.prefill``: the upstream's fallback, a whole engine
+  that also decodes, for when the decode pool cannot take a call. The whole table is read at most once
+  per ``ttl`` seconds, in a worker thread; if Postgres is down the last known routes stay.
 - :class:`ChainRouter`: the first router that knows the model wins.
 """
 
@@ -20,6 +22,7 @@ from typing import Protocol
 from baton.core import errors
 from baton.core import models as m
 from baton.core.db import Database
+from baton.dataplane.render import PREFILL_APP_SUFFIX
 
 log = logging.getLogger(__name__)
 
@@ -30,6 +33,9 @@ class Upstream:
 
     base_url: str  # ends with /v1
     deployment: str | None = None
+    #: Another pool of the same deployment that can serve the whole request (a P/D deployment's prefill
+    #: pool), used when ``base_url`` has no live replica; ends with /v1.
+    fallback_url: str | None = None
 
 
 class Router(Protocol):
@@ -44,8 +50,10 @@ def _v1(url: str) -> str:
 
 
 class StaticRouter:
-    def __init__(self, routes: Mapping[str, str]) -> None:
-        self._routes = {name: Upstream(_v1(url)) for name, url in routes.items()}
+    def __init__(self, routes: Mapping[str, str], fallbacks: Mapping[str, str] | None = None) -> None:
+        fb = fallbacks or {}
+        self._routes = {name: Upstream(_v1(url), fallback_url=_v1(fb[name]) if name in fb else None)
+                        for name, url in routes.items()}
 
     async def resolve(self, model: str) -> Upstream | None:
         return self._routes.get(model)
@@ -83,7 +91,9 @@ class DeploymentRouter:
                     continue
                 name = names.get(d.model_id)
                 if name is not None and name not in routes:
-                    routes[name] = Upstream(f"{self._serve_url}/{d.name}/v1", d.name)
+                    fallback = (f"{self._serve_url}/{d.name}{PREFILL_APP_SUFFIX}/v1"
+                                if d.mode is m.DeploymentMode.PD else None)
+                    routes[name] = Upstream(f"{self._serve_url}/{d.name}/v1", d.name, fallback)
             return routes
 
 

@@ -41,7 +41,16 @@ from baton.api.gateway.ratelimit import (
     RateLimiter,
     retry_after_header,
 )
-from baton.api.gateway.resume import RETRY_STATUSES, Opener, ResumePolicy, ResumingRelay, open_with_retry, resumable
+from baton.api.gateway.resume import (
+    RETRY_STATUSES,
+    FailoverOpener,
+    Opener,
+    PoolHealth,
+    ResumePolicy,
+    ResumingRelay,
+    open_with_retry,
+    resumable,
+)
 from baton.api.gateway.resume import STEP as RESUME_STEP
 from baton.api.gateway.routing import Router
 from baton.api.gateway.schemas import MAX_N, SERVER_FIELDS
@@ -137,6 +146,8 @@ class Gateway:
         #: None when tracing is off: then the hot path creates no span at all.
         self.tracer = tracing.tracer if tracing is not None and tracing.provider is not None else None
         self.resume = resume  # None: no retries, a broken stream ends with an SSE error
+        #: Which upstream pools failed a call just now (their calls go to the fallback pool first for a while).
+        self.pool_health = PoolHealth()
         #: Read timeout of streaming upstream calls (the wait for the answer and between chunks); None: the
         #: client's own. A stalled replica then ends the attempt instead of holding the request.
         self.stream_stall_s = stream_stall_s
@@ -267,7 +278,10 @@ class Gateway:
         headers = {"x-request-id": f"req-{rid}", **decision.headers}
         sent_headers = upstream_headers(rid, tp, stream=call.stream)
 
-        opener = self._opener(f"{upstream.base_url}/", sent_headers, stream=call.stream)
+        opener: Opener = self._opener(f"{upstream.base_url}/", sent_headers, stream=call.stream)
+        if upstream.fallback_url:
+            opener = FailoverOpener(opener, self._opener(f"{upstream.fallback_url}/", sent_headers, stream=call.stream),
+                                    self.pool_health, upstream.base_url, outcome)
 
         policy = self.resume
         deadline = time.monotonic()  # the relay gives each break its own budget

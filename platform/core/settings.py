@@ -85,6 +85,11 @@ class GatewaySettings(BaseModel):
         description="Static model -> OpenAI base URL routes (e.g. a bare engine in dev/tests). Models not "
         "listed are routed to their running deployment's Serve app: {ray.serve_url}/{deployment name}.",
     )
+    fallback_upstreams: dict[str, str] = Field(
+        default_factory=dict,
+        description="Static model -> OpenAI base URL of a fallback engine for the model in `upstreams` (a P/D "
+        "deployment's prefill pool): used when the upstream has no live replica. Deployment routes have theirs.",
+    )
     route_cache_ttl_s: float = Field(2.0, gt=0, description="How long deployment routes are cached.")
     upstream_max_connections: int = Field(1000, ge=1, description="Pooled connections to upstreams per process.")
     ratelimit_lease_s: float = Field(

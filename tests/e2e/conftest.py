@@ -73,10 +73,10 @@ class ServeCluster:
         """Deploy the spec as its own Serve app; return the app's OpenAI base URL."""
         from ray import serve
 
-        from baton.dataplane.app import build_spec_app
+        from baton.dataplane.app import serve_run
 
         route = f"/{spec.name}"
-        serve.run(build_spec_app(spec), name=spec.name, route_prefix=route, blocking=False)
+        serve_run(spec, route_prefix=route)
         deadline = time.monotonic() + DEPLOY_TIMEOUT_S
         while True:
             app = serve.status().applications.get(spec.name)
@@ -91,7 +91,11 @@ class ServeCluster:
     def delete(self, name: str) -> None:
         from ray import serve
 
+        from baton.dataplane.render import PREFILL_APP_SUFFIX
+
         serve.delete(name, _blocking=True)
+        if name + PREFILL_APP_SUFFIX in serve.status().applications:  # a P/D deployment's prefill pool
+            serve.delete(name + PREFILL_APP_SUFFIX, _blocking=True)
 
     def replica_ids(self, app: str, deployment: str) -> set[str]:
         """Ray Serve replica ids of a deployment (they label the engine metrics)."""

@@ -135,7 +135,7 @@ def _last_reported(cluster, sides: dict[str, set[str]], timeout_s: float) -> dic
 
 def test_a_cancelled_stream_frees_its_work_on_both_sides(deployment, serve_cluster) -> None:
     url, _ = deployment
-    prefill = serve_cluster.replica_ids(APP, "Prefill:tiny")
+    prefill = serve_cluster.replica_ids(APP + ".prefill", "Prefill:tiny")
     decode = serve_cluster.replica_ids(APP, "Decode:tiny")
     max_tokens = 1000
 

@@ -69,7 +69,7 @@ def test_greedy_outputs_identical_in_aggregated_and_pd_mode(serve_cluster, tiny_
 
 def _check_decode_computed_none_of_the_prompt(serve_cluster, pd_url):
     decode = serve_cluster.replica_ids("tiny-pd", "Decode:tiny")
-    prefill = serve_cluster.replica_ids("tiny-pd", "Prefill:tiny")
+    prefill = serve_cluster.replica_ids("tiny-pd.prefill", "Prefill:tiny")
     assert len(decode) == 1 and len(prefill) == 1
     by_source = "ray_vllm_prompt_tokens_by_source_total"
     nixl_bytes = "ray_vllm_nixl_bytes_transferred_sum"

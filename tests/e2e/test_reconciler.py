@@ -226,9 +226,9 @@ def test_admin_api_drives_ray_serve(stack: Any, tiny_model: Path) -> None:
     )
     assert r.status_code == 200, r.text
     _converge(reconciler, running(2), "pd app running")
-    deployments = client.status().apps["tiny-e2e"].deployments
-    assert any(name.startswith("Prefill") for name in deployments), deployments
-    assert any(name.startswith("Decode") for name in deployments), deployments
+    apps = client.status().apps
+    assert any(name.startswith("Decode") for name in apps["tiny-e2e"].deployments), apps
+    assert any(name.startswith("Prefill") for name in apps["tiny-e2e.prefill"].deployments), apps
 
     # 4. scale the decode pool: Serve runs the new range.
     r = http.patch(f"/admin/v1/deployments/{dep_id}", json={"decode": {"min": 2, "max": 2}})

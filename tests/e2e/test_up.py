@@ -90,9 +90,10 @@ def test_up_serves_the_tiny_model_in_pd_mode_and_down_stops_it(tmp_path: Path, p
         token = Path.home().joinpath(".ray", "auth_token").read_text().strip()
         status = httpx.get(f"http://127.0.0.1:{dashboard}/api/serve/applications/", timeout=10,
                            headers={"authorization": f"Bearer {token}"})
-        deployments = status.json()["applications"]["tiny-llama-pd"]["deployments"]
-        assert any(name.startswith("Prefill") for name in deployments)
-        assert any(name.startswith("Decode") for name in deployments)
+        apps = status.json()["applications"]
+        # the decode pool is the app clients reach; the prefill pool is an app of its own (the fallback)
+        assert any(name.startswith("Decode") for name in apps["tiny-llama-pd"]["deployments"])
+        assert any(name.startswith("Prefill") for name in apps["tiny-llama-pd.prefill"]["deployments"])
 
         # A SIGKILLed replica's engine ends with it (its process group), instead of living on orphaned.
         replica = _decode_replica()

@@ -69,9 +69,9 @@ def model_id(db) -> uuid.UUID:  # type: ignore[no-untyped-def]
 
 def _deployment(db, model_id: uuid.UUID, **over: Any) -> uuid.UUID:  # type: ignore[no-untyped-def]
     with db.system() as uow:
-        fields: dict[str, Any] = {"engine_settings": {"max_model_len": 512}, **over}
-        d = uow.deployments.add(m.Deployment(name=unique("d"), model_id=model_id, mode=m.DeploymentMode.AGGREGATED,
-                                             **fields))
+        fields: dict[str, Any] = {"engine_settings": {"max_model_len": 512}, "mode": m.DeploymentMode.AGGREGATED,
+                                  **over}
+        d = uow.deployments.add(m.Deployment(name=unique("d"), model_id=model_id, **fields))
         uow.commit()
         return d.id
 
@@ -110,6 +110,41 @@ def test_apply_then_observe_running_and_stay_idempotent(db, serve, reconciler, m
     reconciler.reconcile()
     assert len(serve.puts) == puts
     assert "system:reconciler deployment.observed" in _audit_actions(db, dep)
+
+
+def test_a_pd_deployment_is_two_serve_apps_and_runs_only_when_both_do(db, serve, reconciler, model_id) -> None:
+    dep = _deployment(db, model_id, mode=m.DeploymentMode.PD, kv_connector="nixl", prefill_min_replicas=1,
+                      prefill_max_replicas=1)
+    name = _row(db, dep)["name"]  # type: ignore[index]
+    reconciler.reconcile()
+    prefill = f"{name}.prefill"
+    assert set(serve.apps) >= {name, prefill}
+    assert serve.apps[prefill].config["route_prefix"] == f"/{name}.prefill"
+    assert serve.apps[prefill].config["import_path"] == "baton.dataplane.app:build_prefill_app"
+
+    serve.settle()  # both run
+    reconciler.reconcile()
+    assert _row(db, dep)["observed"] == "running"  # type: ignore[index]
+
+    # The prefill pool's app fails: the deployment is failed, with its reason; Serve still has both apps.
+    serve.apps[prefill] = ServeApp(prefill, "DEPLOY_FAILED", "prefill engine failed", serve.apps[prefill].config)
+    reconciler.reconcile()
+    row = _row(db, dep)
+    assert row["observed"] == "failed" and "prefill engine failed" in row["reason"]  # type: ignore[index]
+
+    # Serve lost the prefill app: not running (the next pass applies it again).
+    del serve.apps[prefill]
+    r = reconciler.reconcile()
+    assert r.applied and prefill in serve.apps
+    assert _row(db, dep)["observed"] == "deploying"  # type: ignore[index]
+
+    # Stopped: removing until Serve has neither app.
+    with db.system() as uow:
+        uow.deployments.require(dep).desired_state = m.DesiredState.STOPPED
+        uow.commit()
+    reconciler.reconcile()
+    assert name not in serve.apps and prefill not in serve.apps
+    assert _row(db, dep)["observed"] == "stopped"  # type: ignore[index]
 
 
 def test_a_changed_spec_is_a_new_generation_until_serve_runs_it(db, serve, reconciler, model_id) -> None:

@@ -152,16 +152,19 @@ def test_recovery_steps_become_spans_in_the_requests_trace() -> None:
     FactMerger(None, tracing.tracer).merge(o, {
         "handoff": {"connector": "nixl", "kv_bytes": 131072, "transfer_ms": 3.5, "prompt_tokens": 100},
         "recovery_steps": [{"step": "prefill_retry", "at_ms": 5, "duration_ms": 20, "outcome": "recovered",
-                            "detail": "prefill replica died"}]})
+                            "detail": "prefill replica died"}],
+        # the decode engine's KV pull failed 30 ms in, after 4 ms of waiting: it recomputed the prompt
+        "kv_load_failed": {"connector": "nixl", "blocks": 2, "wait_ms": 4.0, "t_unix": o.started + 0.030}})
     spans = {s.name: s for s in exporter.get_finished_spans()}
     root = spans[t.SPAN_GATEWAY_REQUEST]
-    for name, at, dur in (("recovery.decode_resume", 40.0, 12.5), ("recovery.prefill_retry", 5, 20)):
+    for name, at, dur in (("recovery.decode_resume", 40.0, 12.5), ("recovery.prefill_retry", 5, 20),
+                          ("recovery.kv_recompute", 30.0, 4.0)):
         s = spans[name]
         assert s.context.trace_id == root.context.trace_id and s.parent.span_id == root.context.span_id
         assert s.start_time == root.start_time + int(at * 1e6)
         assert s.end_time - s.start_time == int(dur * 1e6)
     assert (o.kv_bytes, o.handoff_ms) == (131072, 3.5)
-    assert [s["step"] for s in o.rows()[1]["recovery_steps"]] == ["decode_resume", "prefill_retry"]
+    assert [s["step"] for s in o.rows()[1]["recovery_steps"]] == ["decode_resume", "prefill_retry", "kv_recompute"]
 
 
 def test_facts_written_by_the_data_plane_reach_the_outcome(settings: Settings) -> None:

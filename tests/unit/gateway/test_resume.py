@@ -27,7 +27,15 @@ from starlette.responses import Response, StreamingResponse
 from starlette.routing import Route
 
 from baton.api.gateway.metering import Outcome
-from baton.api.gateway.resume import ResumePolicy, ResumingRelay, continuation_body, resumable
+from baton.api.gateway.resume import (
+    FailoverOpener,
+    Opener,
+    PoolHealth,
+    ResumePolicy,
+    ResumingRelay,
+    continuation_body,
+    resumable,
+)
 from baton.core import models as m
 
 # -- the scripted upstream -----------------------------------------------------------------------
@@ -38,6 +46,8 @@ SCRIPT: list[tuple[str, int]] = []
 #: How long "silent" and "stall" keep the upstream quiet (the relay's read timeout is far shorter).
 STALL_S = 6.0
 BODIES: list[dict[str, Any]] = []
+PATHS: list[str] = []  # the path of each upstream request, in order
+FALLBACK_SCRIPT: list[tuple[str, int]] = []  # the same, for calls to the fallback pool (default: "ok")
 
 
 def next_token(ids: list[int]) -> int:
@@ -65,11 +75,15 @@ def _sse(obj: Any) -> bytes:
 async def _serve(request: Request) -> Response:
     body = orjson.loads(await request.body())
     BODIES.append(body)
-    mode, after = SCRIPT.pop(0) if SCRIPT else ("ok", 0)
+    PATHS.append(request.url.path)
+    script = FALLBACK_SCRIPT if request.url.path.startswith("/fallback/") else SCRIPT
+    mode, after = script.pop(0) if script else ("ok", 0)
     if mode == "status503":
         return Response(b'{"error":{"message":"no replica","code":503}}', status_code=503)
-    if mode == "silent":  # a stalled replica: no answer at all for a long while
+    if mode in ("silent", "held503"):  # a stalled replica, or a call held by Serve's proxy: no answer for long
         await asyncio.sleep(STALL_S)
+        if mode == "held503":
+            return Response(b'{"error":{"message":"no replica","code":503}}', status_code=503)
     chat = request.url.path.endswith("chat/completions")
     if chat:
         prompt = tokenize("".join(msg["content"] for msg in body["messages"]))
@@ -137,7 +151,10 @@ async def _serve(request: Request) -> Response:
 
 
 APP = Starlette(routes=[Route("/v1/chat/completions", _serve, methods=["POST"]),
-                        Route("/v1/completions", _serve, methods=["POST"])])
+                        Route("/v1/completions", _serve, methods=["POST"]),
+                        # a deployment's fallback pool (a P/D deployment's prefill engine)
+                        Route("/fallback/v1/chat/completions", _serve, methods=["POST"]),
+                        Route("/fallback/v1/completions", _serve, methods=["POST"])])
 
 
 @pytest.fixture(scope="module")
@@ -161,6 +178,8 @@ def upstream() -> Iterator[str]:
 def _clean() -> None:
     SCRIPT.clear()
     BODIES.clear()
+    PATHS.clear()
+    FALLBACK_SCRIPT.clear()
 
 
 # -- driving the relay ---------------------------------------------------------------------------
@@ -169,18 +188,25 @@ POLICY = ResumePolicy(attempts=4, budget_s=10, backoff_s=0.01)
 
 
 async def _relay(base: str, endpoint: str, payload: dict[str, Any], *, policy: ResumePolicy = POLICY,
-                 client_usage: bool = True, client_ids: bool = False,
-                 read_timeout: float = 10) -> tuple[list[dict[str, Any]], bytes, Outcome]:
+                 client_usage: bool = True, client_ids: bool = False, read_timeout: float = 10,
+                 fallback: str | None = None, health: PoolHealth | None = None,
+                 ) -> tuple[list[dict[str, Any]], bytes, Outcome]:
     payload = {**payload, "stream": True, "stream_options": {"include_usage": True}, "return_token_ids": True,
                "cache_salt": "salt-1"}
     body = orjson.dumps(payload)
     outcome = Outcome(request_id=uuid.uuid4(), tenant_id=uuid.uuid4(), api_key_id=None, model="m",
                       endpoint=endpoint, stream=True, started=time.time(), start_pc=time.perf_counter())
     async with httpx.AsyncClient(timeout=httpx.Timeout(10, read=read_timeout)) as client:
-        async def opener(ep: str, content: bytes) -> httpx.Response:
-            req = client.build_request("POST", f"{base}/{ep}", content=content,
-                                       headers={"content-type": "application/json"})
-            return await client.send(req, stream=True)
+        def at(url: str) -> Opener:
+            async def call(ep: str, content: bytes) -> httpx.Response:
+                req = client.build_request("POST", f"{url}/{ep}", content=content,
+                                           headers={"content-type": "application/json"})
+                return await client.send(req, stream=True)
+            return call
+
+        opener = at(base)
+        if fallback is not None:
+            opener = FailoverOpener(opener, at(fallback), health or PoolHealth(), base, outcome)
 
         tries = [0]
         try:
@@ -349,6 +375,98 @@ def test_when_the_budget_runs_out_the_stream_ends_with_an_error_event(upstream: 
     assert o.completion_tokens == 3 and o.metered
     assert o.recovery_steps[-1]["outcome"] == "failed" and "503" in o.recovery_steps[-1]["detail"]
     assert len(BODIES) == 4  # the original, then 3 attempts
+
+
+def _dead_url() -> str:
+    with socket.socket() as s:  # a port nothing listens on: connection refused, as a dead replica's
+        s.bind(("127.0.0.1", 0))
+        return f"http://127.0.0.1:{s.getsockname()[1]}/v1"
+
+
+def test_a_stream_whose_pool_is_gone_resumes_at_once_on_the_fallback_pool(upstream: str) -> None:
+    """After the break, the decode pool answers 503 (Serve's ingress with no live replica): the rest comes
+    from the fallback pool, exact; the steps are on the request."""
+    SCRIPT.extend([("drop", 4), ("status503", 0)])
+    events, _, outcome = asyncio.run(_relay(upstream, "chat/completions", CHAT,
+                                            fallback=upstream.removesuffix("/v1") + "/fallback/v1"))
+    assert _tokens(events, chat=True) == generate(tokenize("hello there"), 12)
+    # one continuation, asked of both pools at once (no retry round, no backoff)
+    assert sorted(PATHS) == ["/fallback/v1/completions", "/v1/chat/completions", "/v1/completions"]
+    steps = [(s["step"], s["outcome"]) for s in outcome.recovery_steps]
+    assert steps == [("aggregated_fallback", "recovered"), ("decode_resume", "recovered")]
+    assert outcome.completion_tokens == 12
+
+
+def test_a_pool_that_holds_the_call_loses_the_race_to_the_fallback(upstream: str) -> None:
+    """A dead replica's calls are held by Serve's proxy until Ray replaces it: the continuation does not
+    wait for the decode pool's answer, the fallback's comes first and the held call is dropped."""
+    SCRIPT.extend([("drop", 5), ("held503", 0)])
+    events, _, outcome = asyncio.run(_relay(upstream, "completions", COMPLETION,
+                                            fallback=upstream.removesuffix("/v1") + "/fallback/v1"))
+    assert _tokens(events, chat=False) == generate(tokenize("once upon"), 10)
+    fallback = [s for s in outcome.recovery_steps if s["step"] == "aggregated_fallback"]
+    assert len(fallback) == 1 and fallback[0]["outcome"] == "recovered"
+    assert "raced" in fallback[0]["detail"] and "status" not in fallback[0]["detail"]  # not after its 503
+
+
+def test_a_first_call_the_pool_does_not_answer_soon_is_asked_of_the_fallback_too(upstream: str) -> None:
+    SCRIPT.append(("held503", 0))
+
+    async def run() -> tuple[bytes, Outcome]:
+        outcome = Outcome(request_id=uuid.uuid4(), tenant_id=uuid.uuid4(), api_key_id=None, model="m",
+                          endpoint="completions", stream=False, started=time.time(), start_pc=time.perf_counter())
+        async with httpx.AsyncClient() as client:
+            def at(url: str) -> Opener:
+                async def call(ep: str, content: bytes) -> httpx.Response:
+                    return await client.post(f"{url}/{ep}", content=content)
+                return call
+
+            opener = FailoverOpener(at(upstream), at(upstream.removesuffix("/v1") + "/fallback/v1"), PoolHealth(),
+                                    upstream, outcome, hedge_s=0.2)
+            response = await opener("completions", orjson.dumps({**COMPLETION, "stream": True}))
+            assert response.status_code == 200 and opener.last == "fallback"
+            return await response.aread(), outcome
+
+    body, outcome = asyncio.run(run())
+    assert b"[DONE]" in body
+    assert [s["detail"] for s in outcome.recovery_steps] == [
+        "the decode pool had not answered; served by the prefill pool's engine"]
+
+
+def test_while_a_pool_is_down_calls_go_to_both_pools_then_back(upstream: str) -> None:
+    health = PoolHealth(hold_s=60)
+    dead = _dead_url()
+    fallback = upstream.removesuffix("/v1") + "/fallback/v1"
+    events, _, outcome = asyncio.run(_relay(dead, "completions", COMPLETION, fallback=fallback, health=health))
+    assert _tokens(events, chat=False) == generate(tokenize("once upon"), 10)
+    assert health.down(dead)
+    assert [s["step"] for s in outcome.recovery_steps] == ["aggregated_fallback"]
+    assert "refused" in str(outcome.recovery_steps) or "ConnectError" in str(outcome.recovery_steps)
+    _, _, outcome = asyncio.run(_relay(dead, "completions", COMPLETION, fallback=fallback, health=health))
+    assert [(s["step"], s["outcome"]) for s in outcome.recovery_steps] == [("aggregated_fallback", "recovered")]
+    health.answered(dead)  # the mark clears once the pool answers again
+    assert not health.down(dead)
+
+
+def test_when_both_pools_fail_the_primarys_answer_is_what_the_caller_sees(upstream: str) -> None:
+    async def run() -> httpx.Response:
+        outcome = Outcome(request_id=uuid.uuid4(), tenant_id=uuid.uuid4(), api_key_id=None, model="m",
+                          endpoint="completions", stream=True, started=time.time(), start_pc=time.perf_counter())
+        async with httpx.AsyncClient() as client:
+            async def primary(ep: str, content: bytes) -> httpx.Response:
+                return await client.post(f"{upstream}/{ep}", content=content)
+
+            async def fallback(ep: str, content: bytes) -> httpx.Response:
+                raise httpx.ConnectError("refused")
+
+            opener = FailoverOpener(primary, fallback, PoolHealth(), upstream, outcome)
+            response = await opener("completions", orjson.dumps({**COMPLETION, "stream": True}))
+            assert [(s["step"], s["outcome"]) for s in outcome.recovery_steps] == [("aggregated_fallback", "failed")]
+            return response
+
+    SCRIPT.append(("status503", 0))
+    response = asyncio.run(run())
+    assert response.status_code == 503 and b"no replica" in response.content
 
 
 def test_what_cannot_be_resumed_is_recognised() -> None:

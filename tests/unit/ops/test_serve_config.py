@@ -27,18 +27,23 @@ def test_committed_serve_config_is_what_the_renderer_produces(overlay: str) -> N
 def test_serve_config_matches_the_reconcilers_entries_for_the_same_rows(overlay: str) -> None:
     """Built here the way Reconciler._desired builds its entries, from the same rows."""
     from baton.control.spec import deployment_spec
-    from baton.dataplane.render import render_serve_application
+    from baton.dataplane.render import PREFILL_APP_IMPORT_PATH, PREFILL_APP_SUFFIX, render_serve_applications
     from baton.dataplane.spec import DeploymentSpec
 
     path = k8s.OVERLAYS_DIR / overlay
     config = ops.render_overlay_serve_config(path)
     rows = ops.load_desired(path / ops.DESIRED_FILE)
-    assert config["applications"] == [render_serve_application(deployment_spec(d, m)) for d, m in rows]
+    assert config["applications"] == [e for d, m in rows for e in render_serve_applications(deployment_spec(d, m))]
     assert config["http_options"] == {"host": "0.0.0.0", "port": 8000}
     for entry in config["applications"]:
         spec = DeploymentSpec.model_validate(entry["args"])
-        assert entry["name"] == spec.name
-        assert entry["route_prefix"] == f"/{spec.name}"
+        if entry["import_path"] == PREFILL_APP_IMPORT_PATH:  # a P/D deployment's prefill pool
+            assert spec.mode == "pd"
+            assert entry["name"] == spec.name + PREFILL_APP_SUFFIX
+            assert entry["route_prefix"] == f"/{spec.name}{PREFILL_APP_SUFFIX}"
+        else:
+            assert entry["name"] == spec.name
+            assert entry["route_prefix"] == f"/{spec.name}"
 
 
 @pytest.mark.parametrize("overlay", k8s.OVERLAYS)
@@ -50,8 +55,13 @@ def test_rendered_rayservice_carries_the_generated_config(overlay: str) -> None:
 
 
 def test_overlays_deploy_the_intended_profiles() -> None:
-    cpu = ops.render_overlay_serve_config(k8s.OVERLAYS_DIR / "cpu-demo")["applications"]
-    gpu = ops.render_overlay_serve_config(k8s.OVERLAYS_DIR / "gpu")["applications"]
+    from baton.dataplane.render import PREFILL_APP_IMPORT_PATH
+
+    def main_apps(overlay: str) -> list[dict]:  # without the P/D deployments' prefill applications
+        apps = ops.render_overlay_serve_config(k8s.OVERLAYS_DIR / overlay)["applications"]
+        return [a for a in apps if a["import_path"] != PREFILL_APP_IMPORT_PATH]
+
+    cpu, gpu = main_apps("cpu-demo"), main_apps("gpu")
     assert [(a["args"]["device"], a["args"]["mode"], a["args"]["kv"]["connector"]) for a in cpu] == [
         ("cpu", "pd", "nixl")
     ]
