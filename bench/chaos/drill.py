@@ -100,8 +100,10 @@ class DrillConfig:
     """Require both prefill rungs (``prefill_retry``, ``local_prefill``) in the request records (the 20-kill
     run of the default topology shows both)."""
     long_prompt_words: int = 0
-    """Above 0: one prompt of this many words (baselined like the others) is sent right before each prefill
-    fault, which fires once a prefill engine reports a request (a prefill longer than one engine step)."""
+    """Above 0: a prompt of this many words (baselined like the others, judged like the load) is sent right
+    before each prefill fault, again when one got its first token unseen (at most ``LONG_PROMPT_TRIES``), and
+    the fault fires only while one waits for its first token and a prefill engine reports a request. Its
+    engine must see it: a prompt longer than one engine step (``StackConfig.max_num_batched_tokens``)."""
     victim_wait_s: float = 30.0
     """How long a replica fault waits for a replica of its pool whose engine reports a request."""
     step_slack_s: float = 2.0
