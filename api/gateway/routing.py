@@ -59,6 +59,10 @@ class StaticRouter:
         return self._routes.get(model)
 
 
+#: Observed states of a deployment that may be serving (Serve runs its app, maybe a replica short).
+SERVABLE = frozenset({m.ObservedState.RUNNING, m.ObservedState.DEPLOYING, m.ObservedState.UNHEALTHY})
+
+
 class DeploymentRouter:
     def __init__(self, db: Database, serve_url: str, *, ttl: float = 2.0) -> None:
         self._db = db
@@ -86,8 +90,12 @@ class DeploymentRouter:
         with self._db.system() as uow:
             names = {model.id: model.name for model in uow.models.list()}
             routes: dict[str, Upstream] = {}
-            for d in uow.deployments.list():  # ordered by name: the choice is stable
-                if d.desired_state is not m.DesiredState.RUNNING or d.observed_state is not m.ObservedState.RUNNING:
+            # Ordered by name, running ones first: the choice is stable. A deployment Serve reports as
+            # deploying or unhealthy (a replica died and is being replaced) keeps its route: its other
+            # replicas, or its fallback pool, still serve; the gateway's calls find out live.
+            deps = sorted(uow.deployments.list(), key=lambda d: d.observed_state is not m.ObservedState.RUNNING)
+            for d in deps:
+                if d.desired_state is not m.DesiredState.RUNNING or d.observed_state not in SERVABLE:
                     continue
                 name = names.get(d.model_id)
                 if name is not None and name not in routes:
