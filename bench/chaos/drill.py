@@ -54,6 +54,7 @@ from baton.bench.chaos.faults import (
 from baton.bench.chaos.ledger import Baseline, Ledger, RequestRecord, parse_sse, read_stream
 from baton.bench.chaos.stack import Endpoint
 from baton.bench.chaos.victims import EngineLoadSource, RayMetricsAgent, VictimChoice, wait_for_busy_victim
+from baton.dataplane.render import PREFILL_APP_SUFFIX
 
 Log = Callable[[str], None]
 Progress = Callable[[str, float, float], None]
@@ -336,7 +337,9 @@ class Injector:
             return False
         if self.serve is not None:
             try:
-                app = self.serve.status().apps.get(self.ep.app)
+                # a P/D deployment's prefill pool is an application of its own
+                app = self.serve.status().apps.get(self.ep.app + PREFILL_APP_SUFFIX if pool == "prefill"
+                                                   else self.ep.app)
             except Exception:
                 return False
             if app is None:

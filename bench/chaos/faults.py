@@ -128,14 +128,19 @@ class ReplicaFinder:
         self.method = "state_api" if dashboard_url else "process_title"
 
     def find(self) -> list[Replica]:
+        """Replicas of the deployment's applications: the app itself and, for P/D, its prefill pool's
+        (``<app>.prefill``, see :func:`baton.dataplane.render.prefill_app_name`)."""
+        from baton.dataplane.render import PREFILL_APP_SUFFIX
+
+        apps = (self.app, self.app + PREFILL_APP_SUFFIX)
         if self.method == "state_api" and self.dashboard_url:
             try:
-                found = replicas_from_state_api(self.app, self.dashboard_url)
+                found = [r for app in apps for r in replicas_from_state_api(app, self.dashboard_url)]
                 if found:
                     return found
             except Exception:  # the state API is optional: fall back to process titles
                 self.method = "process_title"
-        return replicas_from_titles(self.app)
+        return [r for app in apps for r in replicas_from_titles(app)]
 
     def pool(self, pool: Pool) -> list[Replica]:
         return sorted((r for r in self.find() if r.pool == pool), key=lambda r: r.pid)

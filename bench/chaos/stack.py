@@ -48,6 +48,9 @@ class StackConfig:
     lmcache_chunk: int = 256
     lmcache_cpu_gib: float = 0.25
     redis_tier: bool = True
+    fallback: bool = True
+    """The gateway may serve from the prefill pool when the decode pool has no live replica (as deployed
+    routes do); off, it waits for the decode pool as before (a benchmark's control arm)."""
     num_cpus: int = 8
 
 
@@ -148,7 +151,7 @@ def deploy(head: RayHead, specs: list[Any], *, timeout_s: float = DEPLOY_TIMEOUT
     config = render_serve_config(specs, http_host="127.0.0.1", http_port=head.serve_port)
     client = RayServeClient(head.dashboard_url, token=read_token(Path.home() / ".ray" / "auth_token"),
                             timeout_s=60)
-    names = [s.name for s in specs]
+    names = [a["name"] for a in config["applications"]]  # a P/D deployment's prefill pool included
     try:
         client.apply(config)
         deadline = time.monotonic() + timeout_s
@@ -166,6 +169,13 @@ def deploy(head: RayHead, specs: list[Any], *, timeout_s: float = DEPLOY_TIMEOUT
     finally:
         client.close()
     return {s.name: f"http://127.0.0.1:{head.serve_port}{s.route_prefix.rstrip('/')}/v1" for s in specs}
+
+
+def fallback_urls(head: RayHead, specs: list[Any]) -> dict[str, str]:
+    """The OpenAI base URL of each P/D spec's prefill pool (the gateway's fallback for its decode pool)."""
+    from baton.dataplane.render import prefill_route
+
+    return {s.name: f"http://127.0.0.1:{head.serve_port}{prefill_route(s)}/v1" for s in specs if s.mode == "pd"}
 
 
 def add_tenant(db: Any, settings: Any, models: dict[str, Path], *, max_model_len: int, prefix: str) -> tuple[
@@ -192,9 +202,10 @@ def add_tenant(db: Any, settings: Any, models: dict[str, Path], *, max_model_len
     return tenant_id, issued.secret
 
 
-def start_gateway(settings: Any, upstreams: dict[str, str], logs: Path, *,
-                  env: dict[str, str] | None = None) -> tuple[Proc, str]:
-    """A ``baton gateway run`` subprocess serving ``upstreams`` (model -> OpenAI base URL)."""
+def start_gateway(settings: Any, upstreams: dict[str, str], logs: Path, *, env: dict[str, str] | None = None,
+                  fallbacks: dict[str, str] | None = None) -> tuple[Proc, str]:
+    """A ``baton gateway run`` subprocess serving ``upstreams`` (model -> OpenAI base URL), with the
+    ``fallbacks`` pools (model -> OpenAI base URL) for when an upstream has no live replica."""
     s = settings
     port = free_port()
     gw_env = {
@@ -205,6 +216,7 @@ def start_gateway(settings: Any, upstreams: dict[str, str], logs: Path, *,
         "BATON_REDIS__URL": s.redis.url,
         "BATON_SECURITY__KEY_SECRET": s.security.key_secret.get_secret_value(),
         "BATON_GATEWAY__UPSTREAMS": json.dumps(upstreams),
+        "BATON_GATEWAY__FALLBACK_UPSTREAMS": json.dumps(fallbacks or {}),
         "PYTHONUNBUFFERED": "1",
         **(env or {}),
     }
@@ -268,11 +280,12 @@ class ChaosStack:
             build_tiny_model(folder, seed=0)
         return folder
 
-    def _deploy(self, head: RayHead, model_dir: Path) -> str:
+    def _deploy(self, head: RayHead, model_dir: Path) -> tuple[str, str | None]:
+        """The deployment's OpenAI base URL and its fallback pool's (the prefill pool)."""
         nixl = 24000 + (head.serve_port % 40) * 100
         spec = deployment_spec(self.cfg, model_dir, self.tier.url if self.tier else None, nixl,
                                self.settings.redis.url)
-        return deploy(head, [spec])[self.cfg.app]
+        return deploy(head, [spec])[self.cfg.app], fallback_urls(head, [spec]).get(self.cfg.app)
 
     # -- lifecycle ------------------------------------------------------------------------------
 
@@ -290,11 +303,13 @@ class ChaosStack:
             dashboard = head.dashboard_url
             self.log(f"Ray head: dashboard {dashboard}; deploying {self.cfg.app} "
                      f"({self.cfg.prefill} prefill + {self.cfg.decode} decode)")
-            upstream = self._deploy(head, model_dir)
+            upstream, fallback = self._deploy(head, model_dir)
             tenant_id, secret = add_tenant(self.db, self.settings, {self.cfg.model_name: model_dir},
                                            max_model_len=self.cfg.max_model_len, prefix="chaos")
             extra = {"BATON_REDIS__LMCACHE_URL": self.tier.url} if self.tier is not None else None
-            self.gateway, gateway = start_gateway(self.settings, {self.cfg.model_name: upstream}, self.logs, env=extra)
+            self.gateway, gateway = start_gateway(
+                self.settings, {self.cfg.model_name: upstream}, self.logs, env=extra,
+                fallbacks={self.cfg.model_name: fallback} if fallback and self.cfg.fallback else None)
             self.log(f"gateway {gateway} -> {upstream}")
         except BaseException:
             self.close()
