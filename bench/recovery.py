@@ -1,313 +1,281 @@
-"""``baton bench recovery``: decode-failure recovery time, with and without an LMCache tier hit.
+"""``baton bench recovery``: decode-failure recovery on the real stack, time from the kill to the next token.
 
-Two vLLM servers (A and B, the tiny model, both with Baton's LMCache connector on a dedicated
-``redis-server`` used only as their tier) stand for two replicas of one deployment; the bench routes
-each call to the first live one, as Ray Serve's router does. A streamed completion (greedy) runs
-through the gateway's own resume logic (:class:`baton.api.gateway.resume.ResumingRelay`); after
-``kill_after`` tokens reached the client the serving engine gets SIGKILL (its whole process group), the
-relay resumes on the other engine with prompt + tokens sent, and the bench measures the time from the
-kill to the next token at the client. Arms:
+Each topology is a P/D deployment of the tiny model on its own Ray head, behind a ``baton gateway run``
+process (:class:`baton.bench.chaos.stack.ChaosStack`: Postgres, Redis, a dedicated ``redis-server`` as
+the LMCache tier), the gateway routing to the decode pool with the prefill pool as its fallback, as a
+deployed route does:
 
-- ``tier``: the prompt's KV is in the Redis tier (A stored it while prefilling), so B loads the
-  prefix instead of computing it;
-- ``no_tier``: the tier is flushed at the kill, so B re-prefills.
+- ``1p1d``: one prefill and one decode replica, the default of ``scripts/up``: when the decode replica
+  dies there is no other, and the stream goes on on the prefill engine (aggregated fallback);
+- ``1p2d``: two decode replicas: the other one, or the prefill engine, whichever answers first.
 
-Next to each: a fresh request's TTFT for a new prompt of the same length on the surviving engine,
-the ratio (target <= 1.5 with a tier hit), B's prompt tokens loaded from the tier, and whether the
-resumed text equals an undisturbed greedy run of the same prompt. The killed engine is restarted
-between trials. Also exposes :func:`relay_stream`, used by the e2e test on the real P/D stack.
+A trial streams a greedy completion (``ignore_eos``) of a new prompt through the gateway with vLLM's
+token ids; once ``kill_after`` tokens reached the client, the decode replica serving it (found from the
+engines' own gauges, :mod:`baton.bench.chaos.victims`) and its engine get SIGKILL. Measured at the
+client: the time from the kill to the first token the gateway's continuation produced (token number
+``n + 1`` where the request record's ``decode_resume`` step says it resumed after ``n``; tokens already
+on their way are not counted as recovered). Next to it, in the same run, a fresh request's TTFT for a
+new prompt of the same length (undisturbed, before the kill), and the ratio. The resumed text is
+compared with an undisturbed greedy run of the same prompt afterwards; the request record's steps say
+which rung served.
+
+Arms: ``tier`` (the LMCache Redis tier as deployed) and ``no_tier`` (the tier flushed right before the
+kill, so no engine can load the prompt's KV from it). Each trial waits for Ray to bring the pool back
+to full strength before the next one.
 """
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import json
-import os
 import random
-import signal
+import re
 import statistics
-import subprocess
 import time
 import uuid
-from collections.abc import Callable, MutableMapping
-from dataclasses import dataclass, field
-from pathlib import Path
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import httpx
-import orjson
-
-from baton.api.gateway.metering import Outcome
-from baton.api.gateway.resume import ResumePolicy, ResumingRelay
 
 Log = Callable[[str], None]
-BY_SOURCE = "vllm:prompt_tokens_by_source_total"
+TOPOLOGIES = {"1p1d": (1, 1), "1p2d": (1, 2)}
+RESUMED_AFTER = re.compile(r"resumed after (\d+) tokens")
 
 
 @dataclass
-class RelayRun:
-    """One stream relayed through the gateway's resume logic, as the client saw it."""
+class RecoveryConfig:
+    topologies: tuple[str, ...] = ("1p1d", "1p2d")
+    arms: tuple[str, ...] = ("tier", "no_tier")
+    repeats: int = 2
+    prompt_len: int = 1024
+    max_tokens: int = 400
+    kill_after: int = 40
+    seed: int = 0
+    state_dir: str = "var/bench-recovery"
+    replace_timeout_s: float = 600.0
 
-    text: str
-    events: list[dict[str, Any]]
-    raw: bytes
-    outcome: Outcome
-    start_pc: float
-    token_times: list[float] = field(default_factory=list)  # perf_counter of each token-bearing send
+
+@dataclass
+class Stream:
+    """One streamed completion as the client saw it."""
+
+    request_id: str | None = None
+    status: int | None = None
+    t_send: float = 0.0
+    token_times: list[float] = field(default_factory=list)  # one per token (chunks carry their ids)
+    ids: list[int] = field(default_factory=list)
+    text: str = ""
+    error: str | None = None
+    finished: bool = False
     kill_pc: float | None = None
 
     @property
     def ttft_ms(self) -> float | None:
-        return (self.token_times[0] - self.start_pc) * 1000 if self.token_times else None
-
-    @property
-    def recovery_ms(self) -> float | None:
-        """Kill -> the next token at the client."""
-        if self.kill_pc is None:
-            return None
-        after = [t for t in self.token_times if t > self.kill_pc]
-        return (after[0] - self.kill_pc) * 1000 if after else None
+        return (self.token_times[0] - self.t_send) * 1000 if self.token_times else None
 
 
-def _texts(body: bytes, chat: bool) -> list[str]:
-    out = []
-    for ev in body.split(b"\n\n"):
-        if not ev.startswith(b"data: {"):
-            continue
-        obj = orjson.loads(ev[6:])
-        for c in obj.get("choices") or []:
-            piece = (c.get("delta") or {}).get("content") if chat else c.get("text")
-            if piece:
-                out.append(piece)
-    return out
+def stream(client: httpx.Client, ep: Any, prompt: list[int], max_tokens: int, *,
+           on_token: Callable[[Stream], None] | None = None) -> Stream:
+    """A streamed greedy completion through the gateway of ``ep`` (an :class:`~.chaos.stack.Endpoint`), with
+    per-token ids and arrival times."""
+    body = {"model": ep.model, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0.0, "ignore_eos": True,
+            "stream": True, "stream_options": {"include_usage": True}, "return_token_ids": True}
+    s = Stream(t_send=time.perf_counter())
+    pieces: list[str] = []
+    with client.stream("POST", f"{ep.gateway_url}/v1/completions", json=body,
+                       headers={"Authorization": f"Bearer {ep.api_key}"}) as r:
+        s.status, s.request_id = r.status_code, r.headers.get("x-request-id")
+        if r.status_code != 200:
+            s.error = r.read().decode("utf-8", "replace")[:500]
+            return s
+        for line in r.iter_lines():
+            if line.startswith("event: error"):
+                s.error = "SSE error event"
+            if not line.startswith("data: {"):
+                continue
+            obj = json.loads(line[6:])
+            for c in obj.get("choices") or ():
+                ids = c.get("token_ids") or []
+                now = time.perf_counter()
+                s.ids.extend(ids)
+                s.token_times.extend([now] * len(ids))
+                pieces.append(c.get("text") or "")
+                if c.get("finish_reason"):
+                    s.finished = True
+                if ids and on_token is not None:
+                    on_token(s)
+    s.text = "".join(pieces)
+    return s
 
 
-async def relay_stream(pick: Callable[[], str], endpoint: str, payload: dict[str, Any], *,
-                       policy: ResumePolicy | None = None, kill_after: int | None = None,
-                       kill: Callable[[], None] | None = None, timeout_s: float = 300.0,
-                       headers: dict[str, str] | None = None) -> RelayRun:
-    """Streams ``payload`` from the upstream ``pick()`` returns (called per attempt) through
-    :class:`ResumingRelay`; after ``kill_after`` token-bearing events calls ``kill()``."""
-    policy = policy or ResumePolicy(attempts=20, budget_s=120, backoff_s=0.2)
-    chat = endpoint == "chat/completions"
-    body_obj = {**payload, "stream": True, "stream_options": {"include_usage": True}, "return_token_ids": True}
-    body = orjson.dumps(body_obj)
-    start = time.perf_counter()
-    outcome = Outcome(request_id=uuid.uuid4(), tenant_id=uuid.uuid4(), api_key_id=None, model=str(payload["model"]),
-                      endpoint=endpoint, stream=True, started=time.time(), start_pc=start)
-    hdrs = {"content-type": "application/json", "accept": "text/event-stream", **(headers or {})}
-    async with httpx.AsyncClient(timeout=httpx.Timeout(timeout_s, connect=5.0), trust_env=False) as client:
+def _record(db: Any, request_id: str | None, wait_s: float = 20.0) -> dict[str, Any] | None:
+    """The request record (status, steps) once the gateway wrote it."""
+    from sqlalchemy import text
 
-        async def opener(ep: str, content: bytes) -> httpx.Response:
-            req = client.build_request("POST", f"{pick()}/{ep}", content=content, headers=hdrs)
-            return await client.send(req, stream=True)
-
-        deadline = time.monotonic() + policy.budget_s
-        tries = [0]
-        from baton.api.gateway.resume import open_with_retry
-
-        first, why = await open_with_retry(opener, endpoint, body, policy=policy, deadline=deadline, tries=tries)
-        if first is None:
-            raise RuntimeError(f"upstream did not answer: {why}")
-        tries[0] = 0
-        done: list[Outcome] = []
-        run = RelayRun(text="", events=[], raw=b"", outcome=outcome, start_pc=start)
-        pieces: list[str] = []
-        chunks: list[bytes] = []
-
-        async def receive() -> MutableMapping[str, Any]:
-            await asyncio.Event().wait()
-            return {}
-
-        async def send(message: MutableMapping[str, Any]) -> None:
-            data = message.get("body") or b""
-            chunks.append(data)
-            got = _texts(data, chat)
-            if got:
-                run.token_times.append(time.perf_counter())
-                pieces.extend(got)
-                if kill is not None and kill_after is not None and run.kill_pc is None and len(pieces) >= kill_after:
-                    run.kill_pc = time.perf_counter()
-                    kill()
-
-        relay = ResumingRelay(first, outcome, strip_usage=False, headers=[], done=done.append, opener=opener,
-                              endpoint=endpoint, payload=body_obj, original_body=body, client_ids=False,
-                              policy=policy, deadline=deadline, tries=tries)
-        await relay({"type": "http"}, receive, send)
-        await asyncio.sleep(0.05)
-    run.raw = b"".join(chunks)
-    run.text = "".join(pieces)
-    run.events = [orjson.loads(ev[6:]) for ev in run.raw.split(b"\n\n") if ev.startswith(b"data: {")]
-    return run
-
-
-# -- the bench -----------------------------------------------------------------------------------
-
-@dataclass
-class RecoveryConfig:
-    prompt_len: int = 1024
-    max_tokens: int = 48
-    kill_after: int = 8
-    repeats: int = 2
-    arms: tuple[str, ...] = ("tier", "no_tier")
-    seed: int = 0
-    state_dir: str = "var"
-    kv_cache_gib: int = 1
-
-
-def _free_port() -> int:
-    from baton.bench.procs import free_port
-
-    return free_port()
-
-
-def start_redis(port: int, state_dir: str) -> subprocess.Popen[bytes]:
-    """A dedicated redis-server used only as the LMCache tier (never the main Redis)."""
-    proc = subprocess.Popen(["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--save", "",
-                             "--appendonly", "no", "--dir", state_dir], stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL, start_new_session=True)
-    deadline = time.monotonic() + 10
-    import redis
-
+    if not request_id or not request_id.startswith("req-"):
+        return None
+    rid = uuid.UUID(request_id[4:])
+    deadline = time.monotonic() + wait_s
     while True:
+        with db.system() as uow:
+            row = uow.session.execute(text("SELECT status, completion_tokens, recovery_steps FROM request_records "
+                                           "WHERE id = :i"), {"i": rid}).first()
+        if row is not None or time.monotonic() > deadline:
+            break
+        time.sleep(0.5)
+    if row is None:
+        return None
+    return {"status": str(getattr(row[0], "value", row[0])), "completion_tokens": row[1],
+            "recovery_steps": list(row[2] or [])}
+
+
+def _resumed_after(steps: list[dict[str, Any]]) -> int | None:
+    for st in steps:
+        if st.get("step") == "decode_resume" and st.get("outcome") == "recovered":
+            m = RESUMED_AFTER.search(str(st.get("detail", "")))
+            if m:
+                return int(m.group(1))
+    return None
+
+
+def run_topology(name: str, cfg: RecoveryConfig, settings: Any, db: Any, *, log: Log,
+                 advance: Callable[[], None] | None = None) -> dict[str, Any]:
+    """Brings one topology up and runs every arm ``repeats`` times."""
+    import asyncio
+
+    from baton.bench.chaos.drill import DrillConfig, Injector
+    from baton.bench.chaos.faults import kill_replica
+    from baton.bench.chaos.stack import ChaosStack, StackConfig
+    from baton.bench.chaos.victims import RayMetricsAgent, wait_for_busy_victim
+
+    prefill, decode = TOPOLOGIES[name]
+    scfg = StackConfig(state_dir=f"{cfg.state_dir}/{name}", prefill=prefill, decode=decode,
+                       max_model_len=max(2048, cfg.prompt_len + cfg.max_tokens + 64))
+    rng = random.Random(cfg.seed)
+    trials: list[dict[str, Any]] = []
+    with ChaosStack(scfg, settings, db, log=log) as ep, httpx.Client(timeout=300, trust_env=False) as client:
+        injector = Injector(ep, DrillConfig(replace_timeout_s=cfg.replace_timeout_s), None, 0.0, log)  # type: ignore[arg-type]
+        loads = RayMetricsAgent([ep.metrics_url] if ep.metrics_url else (), ep.dashboard_url)
+
+        def prompt() -> list[int]:
+            return [rng.randrange(10, 1000) for _ in range(cfg.prompt_len)]
+
+        warm = stream(client, ep, prompt(), 8)
+        if warm.status != 200:
+            raise RuntimeError(f"the stack does not answer: {warm.status} {warm.error}")
         try:
-            redis.Redis(port=port).ping()
-            return proc
-        except redis.ConnectionError:
-            if time.monotonic() > deadline:
-                proc.kill()
-                raise
-            time.sleep(0.1)
+            for rep in range(cfg.repeats):
+                for arm in cfg.arms:
+                    if not asyncio.run(injector.wait_healthy("decode", cfg.replace_timeout_s)):
+                        raise RuntimeError("the decode pool did not come back to full strength")
+                    fresh = stream(client, ep, prompt(), 8)
+                    trial: dict[str, Any] = {"topology": name, "arm": arm, "repeat": rep,
+                                             "fresh_ttft_ms": fresh.ttft_ms, "fresh_status": fresh.status}
+                    p = prompt()
+                    victim: dict[str, Any] = {}
+
+                    def on_token(s: Stream, victim: dict[str, Any] = victim, arm: str = arm) -> None:
+                        if s.kill_pc is not None or len(s.ids) < cfg.kill_after:
+                            return
+                        if arm == "no_tier" and ep.redis_tier is not None:
+                            import redis
+
+                            redis.Redis.from_url(ep.redis_tier.url).flushall()
+                        choice = asyncio.run(wait_for_busy_victim(
+                            "decode", lambda: asyncio.to_thread(injector.finder.pool, "decode"), loads, rng,
+                            timeout_s=2.0, poll_s=0.1))
+                        if choice is None:
+                            victim["evidence"] = "no decode replica found"
+                            s.kill_pc = time.perf_counter()
+                            return
+                        fired, evidence = kill_replica(choice.replica)
+                        s.kill_pc = time.perf_counter()
+                        victim.update(fired=fired, evidence=evidence, busy=choice.busy, choice=choice.evidence,
+                                      tokens_at_kill=len(s.ids))
+
+                    k = stream(client, ep, p, cfg.max_tokens, on_token=on_token)
+                    rec = _record(ep.db, k.request_id) or {}
+                    steps = rec.get("recovery_steps", [])
+                    n = _resumed_after(steps)
+                    recovery_ms = None
+                    if k.kill_pc is not None and n is not None and len(k.token_times) > n:
+                        recovery_ms = (k.token_times[n] - k.kill_pc) * 1000
+                    ref = stream(client, ep, p, cfg.max_tokens)
+                    trial.update(
+                        victim=victim, status=k.status, finished=k.finished, error=k.error,
+                        tokens=len(k.ids), resumed_after=n, recovery_ms=recovery_ms,
+                        ratio=recovery_ms / fresh.ttft_ms if recovery_ms is not None and fresh.ttft_ms else None,
+                        equal_undisturbed=bool(ref.ids) and k.ids == ref.ids, record_status=rec.get("status"),
+                        steps=[{kk: st.get(kk) for kk in ("step", "outcome", "duration_ms", "detail")} for st in steps],
+                        rung="aggregated_fallback" if any(st.get("step") == "aggregated_fallback"
+                                                          and st.get("outcome") == "recovered" for st in steps)
+                        else "decode_pool" if n is not None else None)
+                    log(f"{name} {arm} #{rep}: recovery {_fmt(recovery_ms)} ms, fresh TTFT {_fmt(fresh.ttft_ms)} ms, "
+                        f"rung {trial['rung']}, equal {trial['equal_undisturbed']}, victim busy {victim.get('busy')}")
+                    trials.append(trial)
+                    if advance:
+                        advance()
+        finally:
+            injector.close()
+    return {"topology": name, "prefill": prefill, "decode": decode, "trials": trials}
 
 
-def lmcache_kv_config(redis_url: str) -> str:
-    from baton.dataplane.render import kv_transfer_config
-    from baton.dataplane.spec import DeploymentSpec
-
-    spec = DeploymentSpec(name="bench-recovery", model={"path": "/m", "served_name": "tiny"},
-                          kv={"connector": "none", "lmcache": {"chunk_size": 256, "local_cpu_gib": 0.25,
-                                                               "redis_url": redis_url}})
-    return json.dumps(kv_transfer_config(spec, "aggregated"))
+def _fmt(v: float | None) -> str:
+    return "-" if v is None else f"{v:.1f}"
 
 
-def warm_up(url: str) -> None:
-    """One short request, so that no trial pays an engine's first-request costs."""
-    httpx.post(f"{url}/completions", json={"model": "tiny", "prompt": [11, 12, 13], "max_tokens": 2}, timeout=120)
-
-
-def _metric(url: str, name: str, **labels: str) -> float:
-    from prometheus_client.parser import text_string_to_metric_families
-
-    text = httpx.get(url.removesuffix("/v1") + "/metrics", timeout=30).text
-    return sum(s.value for f in text_string_to_metric_families(text) for s in f.samples
-               if s.name == name and all(s.labels.get(k) == v for k, v in labels.items()))
+def summarise(trials: list[dict[str, Any]]) -> dict[str, Any]:
+    """Per topology and arm: medians, worst, and whether every trial recovered the exact text."""
+    out: dict[str, Any] = {}
+    for t in trials:
+        out.setdefault(t["topology"], {}).setdefault(t["arm"], []).append(t)
+    result: dict[str, Any] = {}
+    for topo, arms in out.items():
+        result[topo] = {}
+        for arm, ts in arms.items():
+            rec = [t["recovery_ms"] for t in ts if t["recovery_ms"] is not None]
+            fresh = [t["fresh_ttft_ms"] for t in ts if t["fresh_ttft_ms"] is not None]
+            ratios = [t["ratio"] for t in ts if t["ratio"] is not None]
+            result[topo][arm] = {
+                "trials": len(ts),
+                "recovery_ms_median": round(statistics.median(rec), 1) if rec else None,
+                "recovery_ms_max": round(max(rec), 1) if rec else None,
+                "fresh_ttft_ms_median": round(statistics.median(fresh), 1) if fresh else None,
+                "ratio_median": round(statistics.median(ratios), 2) if ratios else None,
+                "ratio_max": round(max(ratios), 2) if ratios else None,
+                "target_ratio": 1.5 if arm == "tier" else 3.0,
+                "all_recovered": all(t["recovery_ms"] is not None for t in ts),
+                "all_completed": all(t["finished"] and t["record_status"] == "completed" for t in ts),
+                "all_equal_undisturbed": all(t["equal_undisturbed"] for t in ts),
+                "victims_busy": all(t["victim"].get("busy") is True for t in ts),
+                "rungs": sorted({str(t["rung"]) for t in ts}),
+            }
+    return result
 
 
 def run_recovery(cfg: RecoveryConfig, *, log: Log = print,
                  progress: Callable[[str, int], Callable[[Any], None]] | None = None) -> dict[str, Any]:
-    from baton.bench.handoff import model_dir_for
-    from baton.bench.procs import Proc, engine_command, engine_env, wait_engines
+    import contextlib
 
-    model = model_dir_for("tiny", cfg.state_dir, cfg.seed)
-    rport = _free_port()
-    Path(cfg.state_dir).mkdir(parents=True, exist_ok=True)
-    redis_proc = start_redis(rport, cfg.state_dir)
-    redis_url = f"redis://127.0.0.1:{rport}"
-    kv = lmcache_kv_config(redis_url)
-    engines: dict[str, tuple[Proc, str]] = {}
+    from baton.bench import report
+    from baton.bench.chaos.stack import fresh_database
+    from baton.core.db import Database
+    from baton.core.settings import load_settings
 
-    def start(name: str, port: int | None = None) -> tuple[Proc, str]:
-        port = port or _free_port()
-        proc = Proc(f"recovery-{name}", engine_command(model, port=port, served_name="tiny",
-                                                       extra=["--kv-transfer-config", kv]),
-                    env=engine_env(cfg.kv_cache_gib)).start()
-        engines[name] = (proc, f"http://127.0.0.1:{port}/v1")
-        return engines[name]
-
-    def pick() -> str:
-        for name in ("a", "b"):
-            proc, url = engines[name]
-            if proc.alive():
-                return url
-        return engines["a"][1]
-
-    rng = random.Random(cfg.seed)
-
-    def prompt() -> list[int]:
-        return [rng.randrange(10, 1000) for _ in range(cfg.prompt_len)]
-
+    started = report.provenance()
+    advance_fn = progress("recovery trials", len(cfg.topologies) * len(cfg.arms) * cfg.repeats) if progress else None
     trials: list[dict[str, Any]] = []
-    try:
-        log("starting two engines with the LMCache connector (Redis tier on a dedicated redis-server)")
-        wait_engines([start("a"), start("b")], timeout_s=600)
-        for name in ("a", "b"):
-            warm_up(engines[name][1])
-        advance = progress("recovery trials", len(cfg.arms) * cfg.repeats) if progress else None
-        for rep in range(cfg.repeats):
-            for arm in cfg.arms:
-                serving = "a" if engines["a"][0].alive() else "b"
-                survivor = "b" if serving == "a" else "a"
-                proc, url = engines[serving]
-                surl = engines[survivor][1]
-                p = prompt()
-                payload = {"model": "tiny", "prompt": p, "max_tokens": cfg.max_tokens, "temperature": 0}
-                ext0 = _metric(surl, BY_SOURCE, source="external_kv_transfer")
+    with contextlib.ExitStack() as stack:
+        settings = stack.enter_context(fresh_database(load_settings(), log=log))
+        db = Database.for_services(settings)
+        stack.callback(db.dispose)
+        for topo in cfg.topologies:
+            part = run_topology(topo, cfg, settings, db, log=log,
+                                advance=(lambda: advance_fn(1)) if advance_fn else None)
+            trials.extend(part["trials"])
+    return {"config": asdict(cfg), "summary": summarise(trials), "trials": trials,
+            "provenance": report.provenance(started)}
 
-                def kill(proc: Proc = proc, arm: str = arm) -> None:
-                    with contextlib.suppress(ProcessLookupError):
-                        os.killpg(proc.pid, signal.SIGKILL)
-                    # Reaped at once, so the router (pick) no longer sends to it: the figure is the
-                    # resume itself, not a bench router's failed attempt on the dead engine.
-                    with contextlib.suppress(Exception):
-                        proc.popen.wait(5)  # type: ignore[union-attr]
-                    if arm == "no_tier":
-                        import redis
 
-                        redis.Redis(port=rport).flushdb()
-
-                time.sleep(1.0)  # let the prompt's chunks of the previous trial settle in the tier
-                run = asyncio.run(relay_stream(pick, "completions", payload, kill_after=cfg.kill_after, kill=kill))
-                with contextlib.suppress(Exception):
-                    proc.popen.wait(10)  # type: ignore[union-attr]
-                ext = _metric(surl, BY_SOURCE, source="external_kv_transfer") - ext0
-                def at_survivor(surl: str = surl) -> str:
-                    return surl
-
-                fresh = asyncio.run(relay_stream(at_survivor, "completions", {**payload, "prompt": prompt()}))
-                again = asyncio.run(relay_stream(at_survivor, "completions", payload))
-                trial = {
-                    "arm": arm, "repeat": rep, "killed": serving, "resumed_on": survivor,
-                    "recovery_ms": run.recovery_ms, "fresh_ttft_ms": fresh.ttft_ms,
-                    "ratio": (run.recovery_ms / fresh.ttft_ms) if run.recovery_ms and fresh.ttft_ms else None,
-                    "tier_tokens_loaded": ext, "completed": run.outcome.status.value == "completed",
-                    "text_equal_undisturbed": run.text == again.text, "tokens": run.outcome.completion_tokens,
-                    "steps": run.outcome.recovery_steps,
-                }
-                trials.append(trial)
-                log(f"{arm}: recovery {trial['recovery_ms']:.1f} ms, fresh TTFT {trial['fresh_ttft_ms']:.1f} ms, "
-                    f"tier tokens {ext:.0f}, equal {trial['text_equal_undisturbed']}")
-                if advance:
-                    advance(None)
-                port = int(url.rsplit(":", 1)[1].split("/")[0])
-                wait_engines([start(serving, port)], timeout_s=600)
-                warm_up(engines[serving][1])
-    finally:
-        for proc, _ in engines.values():
-            proc.stop()
-        redis_proc.kill()
-        redis_proc.wait(10)
-    arms = {}
-    for arm in cfg.arms:
-        rows = [t for t in trials if t["arm"] == arm]
-        rec = [t["recovery_ms"] for t in rows if t["recovery_ms"] is not None]
-        ttft = [t["fresh_ttft_ms"] for t in rows if t["fresh_ttft_ms"] is not None]
-        arms[arm] = {
-            "recovery_ms_median": statistics.median(rec) if rec else None,
-            "fresh_ttft_ms_median": statistics.median(ttft) if ttft else None,
-            "ratio_median": statistics.median([t["ratio"] for t in rows if t["ratio"]]) if rows else None,
-            "all_completed": all(t["completed"] for t in rows),
-            "all_equal_undisturbed": all(t["text_equal_undisturbed"] for t in rows),
-        }
-    return {"bench": "recovery", "config": cfg.__dict__ | {"arms": list(cfg.arms)}, "target_ratio_with_tier": 1.5,
-            "arms": arms, "trials": trials}
+__all__ = ["RecoveryConfig", "run_recovery", "summarise"]

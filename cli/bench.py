@@ -399,27 +399,41 @@ def _print_pd(res: dict[str, Any]) -> None:
 
 @app.command()
 def recovery(  # noqa: PLR0917 - typer options
+    topology: Annotated[list[str] | None, typer.Option(
+        "--topology", help="1p1d (the default deployment: one prefill, one decode replica) and/or 1p2d "
+        "(two decode replicas). Repeat for several; default both.")] = None,
+    arm: Annotated[list[str] | None, typer.Option(
+        "--arm", help="tier (LMCache Redis tier as deployed) and/or no_tier (flushed at the kill).")] = None,
     prompt_len: Annotated[int, typer.Option("--prompt-len", help="Prompt tokens (256-token tier chunks).")] = 1024,
-    max_tokens: Annotated[int, typer.Option("--max-tokens")] = 48,
-    kill_after: Annotated[int, typer.Option("--kill-after", help="Tokens at the client before the kill.")] = 8,
-    repeats: Annotated[int, typer.Option("--repeats", help="Kills per arm (each restarts an engine).")] = 2,
+    max_tokens: Annotated[int, typer.Option("--max-tokens")] = 400,
+    kill_after: Annotated[int, typer.Option("--kill-after", help="Tokens at the client before the kill.")] = 40,
+    repeats: Annotated[int, typer.Option("--repeats", help="Kills per arm and topology (each waits for Ray "
+                                                           "to replace the replica).")] = 2,
     seed: Annotated[int, typer.Option("--seed")] = 0,
     out: OutOpt = None,
 ) -> None:
-    """Decode-failure recovery: SIGKILL the serving engine mid-stream, time to the next token at the client
-    (the gateway's resume), with and without an LMCache tier hit, next to a fresh request's TTFT."""
+    """Decode-failure recovery on the real stack (Ray head, P/D deployment, `baton gateway run`): SIGKILL the
+    decode replica serving a stream, time from the kill to the stream's next token at the client, next to a
+    fresh request's TTFT, with and without an LMCache tier hit, in each topology."""
     from baton.bench import report
-    from baton.bench.recovery import RecoveryConfig, run_recovery
+    from baton.bench.recovery import TOPOLOGIES, RecoveryConfig, run_recovery
 
-    cfg = RecoveryConfig(prompt_len=prompt_len, max_tokens=max_tokens, kill_after=kill_after, repeats=repeats,
-                         seed=seed)
+    topologies = tuple(topology or TOPOLOGIES)
+    arms = tuple(arm or ("tier", "no_tier"))
+    bad = [t for t in topologies if t not in TOPOLOGIES] + [a for a in arms if a not in ("tier", "no_tier")]
+    if bad:
+        raise typer.BadParameter(f"unknown topology or arm: {', '.join(bad)}")
+    cfg = RecoveryConfig(topologies=topologies, arms=arms, prompt_len=prompt_len, max_tokens=max_tokens,
+                         kill_after=kill_after, repeats=repeats, seed=seed)
     with _progress() as factory:
         result = run_recovery(cfg, log=typer.echo, progress=factory)
     path = report.write_json(_out_path(out, "recovery"), result)
-    for arm, r in result["arms"].items():
-        typer.echo(f"{arm}: recovery {_fmt(r['recovery_ms_median'], 1)} ms (median), fresh TTFT "
-                   f"{_fmt(r['fresh_ttft_ms_median'], 1)} ms, ratio {_fmt(r['ratio_median'], 2)}, all completed "
-                   f"{r['all_completed']}, text = undisturbed {r['all_equal_undisturbed']}")
+    for topo, arms_ in result["summary"].items():
+        for name, r in arms_.items():
+            typer.echo(f"{topo} {name}: kill -> next token {_fmt(r['recovery_ms_median'], 1)} ms (median), fresh "
+                       f"TTFT {_fmt(r['fresh_ttft_ms_median'], 1)} ms, ratio {_fmt(r['ratio_median'], 2)} (max "
+                       f"{_fmt(r['ratio_max'], 2)}, target <= {r['target_ratio']:g}), rungs {r['rungs']}, completed "
+                       f"{r['all_completed']}, text = undisturbed {r['all_equal_undisturbed']}")
     typer.echo(f"results: {path}")
 
 

@@ -1,26 +1,31 @@
-"""Decode-failure recovery on the real P/D stack (Ray Serve LLM, vLLM, NIXL): the decode replica is
-SIGKILLed (with its engine) mid-stream; the gateway's resume logic waits out Ray's replacement of the
-replica and continues the stream; the client's text equals the undisturbed greedy run."""
+"""The recovery ladder on the real stack, through the gateway process ``baton up`` runs (``baton gateway run``).
+
+The default topology: one prefill and one decode replica of a P/D deployment (Ray Serve LLM, vLLM, NIXL,
+LMCache with a dedicated ``redis-server`` as its remote tier). The gateway routes to the decode pool with
+the prefill pool as its fallback, as a deployed route does. Each test kills or takes down a real part
+with real signals and judges what the client received against an undisturbed greedy run of the same
+prompt, and the request record's steps against the rung that must have served:
+
+- decode replica SIGKILLed mid-stream: the rest of the stream comes from the prefill engine at once
+  (``aggregated_fallback``), not after Ray replaced the replica;
+- prefill replica SIGKILLed during a long prefill: the decode replica prefills locally (``local_prefill``);
+- the LMCache Redis tier down: served as before, nothing fails.
+"""
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import os
+import random
 import signal
+import threading
 import time
-import uuid
+from collections.abc import Iterator
+from typing import Any
 
+import httpx
 import pytest
-from opentelemetry.sdk.trace import TracerProvider
-from opentelemetry.sdk.trace.export import SimpleSpanProcessor
-from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-from baton.api.gateway import tracing as gw_tracing
-from baton.api.gateway.resume import ResumePolicy
-from baton.bench.recovery import relay_stream
-from baton.core import models as m
-from baton.core import telemetry as t
 from baton.dataplane.spec import DeploymentSpec
 
 from .conftest import NIXL_PORT_BASE
@@ -28,105 +33,161 @@ from .conftest import NIXL_PORT_BASE
 pytestmark = pytest.mark.e2e
 
 APP = "rec"
-CHAT = {"model": "tiny", "messages": [{"role": "user", "content": "the quick brown fox jumps over the lazy dog " * 20}],
-        "max_tokens": 96, "temperature": 0}
+MODEL = "tiny"
 
 
-def replica_family(title: str) -> list:  # type: ignore[type-arg]
-    """Every process whose title names the replica, and their children (the vLLM engine)."""
+def _family(title: str) -> list[int]:
+    """Pids of every process whose title names the replica, and of their children (its vLLM engine)."""
     psutil = pytest.importorskip("psutil")
-    family = []
+    pids: list[int] = []
     for proc in psutil.process_iter(["cmdline"]):
         try:
             if any(title in part for part in proc.info["cmdline"] or []):
-                family += [proc, *proc.children(recursive=True)]
+                pids += [proc.pid, *(c.pid for c in proc.children(recursive=True))]
         except (psutil.NoSuchProcess, psutil.AccessDenied):
             continue
-    return family
+    return pids
 
 
-def kill(family: list) -> list[int]:  # type: ignore[type-arg]
-    """SIGKILL, at once: the processes were found before the stream started, so the kill lands mid-stream."""
-    psutil = pytest.importorskip("psutil")
+def _kill(pids: list[int]) -> list[int]:
     killed = []
-    for p in family:
-        with contextlib.suppress(ProcessLookupError, psutil.NoSuchProcess):
-            os.kill(p.pid, signal.SIGKILL)
-            killed.append(p.pid)
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+            killed.append(pid)
     return killed
 
 
-def test_a_killed_decode_replica_does_not_break_the_clients_stream(serve_cluster, tiny_model, otlp_receiver):
-    endpoint, received = otlp_receiver
-    spec = DeploymentSpec(name=APP, model={"path": str(tiny_model), "served_name": "tiny"}, mode="pd",
-                          engine={"kv_cache_space_gib": 0.25, "max_num_seqs": 8},
-                          kv={"connector": "nixl", "nixl_port_base": NIXL_PORT_BASE + 300},
-                          telemetry={"otlp_endpoint": endpoint})
+def _wait_pool_healthy(app: str, timeout_s: float = 600) -> None:
+    from ray import serve
+
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        status = serve.status().applications.get(app)
+        if status is not None and status.status == "RUNNING" and all(
+                d.status == "HEALTHY" for d in status.deployments.values()):
+            return
+        time.sleep(2)
+    raise TimeoutError(f"{app} not healthy after {timeout_s:.0f} s")
+
+
+@pytest.fixture(scope="module")
+def stack(serve_cluster, tiny_model, settings, db, tmp_path_factory) -> Iterator[Any]:  # type: ignore[no-untyped-def]
+    from baton.bench.chaos.faults import RedisTier
+    from baton.bench.chaos.stack import Endpoint, add_tenant, start_gateway
+    from baton.bench.procs import free_port
+
+    logs = tmp_path_factory.mktemp("recovery")
+    tier = RedisTier(free_port(), logs / "redis-tier.log")
+    tier.start()
+    spec = DeploymentSpec(
+        name=APP, model={"path": str(tiny_model), "served_name": MODEL}, mode="pd",
+        prefill={"min": 1, "max": 1}, decode={"min": 1, "max": 1},
+        # 512-token engine steps: a long prompt is prefilled in several, so a kill lands inside its prefill
+        engine={"kv_cache_space_gib": 0.25, "max_num_seqs": 8, "max_model_len": 2048, "max_num_batched_tokens": 512},
+        kv={"connector": "nixl", "nixl_port_base": NIXL_PORT_BASE + 300,
+            "lmcache": {"chunk_size": 256, "local_cpu_gib": 0.25, "redis_url": tier.url}},
+        env={"BATON_DATAPLANE_REDIS_URL": settings.redis.url})
     url = serve_cluster.deploy(spec)
+    gateway = None
     try:
-        baseline = asyncio.run(relay_stream(lambda: url, "chat/completions", CHAT))
-        assert baseline.outcome.status is m.RequestStatus.COMPLETED and baseline.outcome.recovery_steps == []
-        assert baseline.outcome.completion_tokens == 96
-
-        # The gateway's side of the trace, as the gateway writes it: a root span, the request's traceparent
-        # sent upstream on every attempt, recovery steps as spans when the outcome is final.
-        gateway_spans = InMemorySpanExporter()
-        provider = TracerProvider()
-        provider.add_span_processor(SimpleSpanProcessor(gateway_spans))
-        tracer = provider.get_tracer("baton.gateway")
-        root = gw_tracing.start_request(tracer, traceparent=None, start_ns=time.time_ns(), request_id="e2e",
-                                        endpoint="chat/completions", model="tiny", tenant_id=uuid.uuid4(),
-                                        key_id=None, stream=True)
-        trace_id = f"{root.get_span_context().trace_id:032x}"
-
-        killed: list[int] = []
-        family = replica_family(f"ServeReplica:{APP}:Decode")
-        run = asyncio.run(relay_stream(
-            lambda: url, "chat/completions", CHAT, kill_after=2,
-            kill=lambda: killed.extend(kill(family)),
-            policy=ResumePolicy(attempts=200, budget_s=400, backoff_s=0.5, backoff_max_s=2.0),
-            headers={"traceparent": t.traceparent_of(root)}))
-        gw_tracing.finish_request(tracer, root, run.outcome)
-        print(f"killed {killed}; recovery {run.recovery_ms:.0f} ms; steps {run.outcome.recovery_steps}")
-        assert killed, "no decode replica process found"
-        o = run.outcome
-        assert o.status is m.RequestStatus.COMPLETED, run.raw[-500:]
-        assert run.text == baseline.text  # no token lost, repeated or reordered
-        assert o.completion_tokens == 96 and o.prompt_tokens == baseline.outcome.prompt_tokens
-        assert b"event: error" not in run.raw and run.raw.count(b"[DONE]") == 1
-        finishes = [c["finish_reason"] for ev in run.events for c in ev["choices"] if c.get("finish_reason")]
-        assert finishes == ["length"] and len({ev["id"] for ev in run.events}) == 1
-        assert run.events[-1]["usage"]["completion_tokens"] == 96
-        assert o.recovery_steps and o.recovery_steps[-1]["step"] == "decode_resume"
-        assert o.recovery_steps[-1]["outcome"] == "recovered"
-
-        # One trace: the recovery step below the request's root, and the resumed attempt's data-plane
-        # spans (prefill, KV handoff, decode on the replacement replica) in the same trace.
-        gw = {s.name: s for s in gateway_spans.get_finished_spans()}
-        resume = gw["recovery.decode_resume"]
-        assert resume.parent is not None and resume.parent.span_id == root.get_span_context().span_id
-        assert resume.context.trace_id == root.get_span_context().trace_id
-        assert resume.attributes["baton.recovery.outcome"] == "recovered"
-        kill_ns = int(run.outcome.started * 1e9 + (run.kill_pc - run.outcome.start_pc) * 1e9)
-        root_id = f"{root.get_span_context().span_id:016x}"
-
-        def resumed() -> list[dict]:
-            spans = received.trace(trace_id)
-            late = [s for s in spans if s["name"] == t.SPAN_DECODE and s["parent"] == root_id and s["start"] > kill_ns]
-            return spans if late and {t.SPAN_PREFILL, t.SPAN_KV_HANDOFF} <= {s["name"] for s in spans} else []
-
-        deadline = time.monotonic() + 60
-        while not (spans := resumed()) and time.monotonic() < deadline:
-            time.sleep(0.5)
-        assert spans, f"data-plane spans of {trace_id}: {[(s['name'], s['start']) for s in received.trace(trace_id)]}"
-        by_id = {s["id"]: s for s in spans}
-        # The resumed attempt's spans each reach the gateway's root. (The killed replica's unexported spans
-        # are lost with it, so a span of the first attempt may have lost its parent: that is allowed.)
-        for s in (s for s in spans if s["start"] > kill_ns):
-            node, hops = s, 0
-            while node["parent"] != root_id:
-                assert node["parent"] in by_id, f"{s['name']} is not connected"
-                node, hops = by_id[node["parent"]], hops + 1
-                assert hops < 20
+        fallback = url.removesuffix(f"/{APP}/v1") + f"/{APP}.prefill/v1"
+        _, key = add_tenant(db, settings, {MODEL: tiny_model}, max_model_len=2048, prefix="rec")
+        gateway, gateway_url = start_gateway(settings, {MODEL: url}, logs, fallbacks={MODEL: fallback})
+        yield Endpoint(gateway_url=gateway_url, api_key=key, model=MODEL, app=APP, redis_tier=tier, db=db)
     finally:
+        if gateway is not None:
+            gateway.stop()
         serve_cluster.delete(APP)
+        tier.stop()
+
+
+def _stream(ep: Any, prompt: list[int], max_tokens: int, **kw: Any) -> Any:
+    from baton.bench.recovery import stream
+
+    with httpx.Client(timeout=300, trust_env=False) as client:
+        return stream(client, ep, prompt, max_tokens, **kw)
+
+
+def _steps(ep: Any, request_id: str | None) -> tuple[str | None, list[tuple[str, str]]]:
+    from baton.bench.recovery import _record
+
+    rec = _record(ep.db, request_id) or {}
+    return rec.get("status"), [(s.get("step"), s.get("outcome")) for s in rec.get("recovery_steps", [])]
+
+
+def _prompt(n: int, seed: int) -> list[int]:
+    rng = random.Random(seed)
+    return [rng.randrange(10, 1000) for _ in range(n)]
+
+
+def test_a_decode_kill_mid_stream_goes_on_on_the_prefill_engine_at_once(stack) -> None:  # type: ignore[no-untyped-def]
+    prompt = _prompt(600, seed=1)
+    reference = _stream(stack, prompt, 200)
+    assert reference.finished and len(reference.ids) == 200
+
+    victims = _family(f"ServeReplica:{APP}:Decode")
+    assert victims, "no decode replica process found"
+    killed: list[int] = []
+
+    def on_token(s: Any) -> None:
+        if s.kill_pc is None and len(s.ids) >= 30:
+            killed.extend(_kill(victims))
+            s.kill_pc = time.perf_counter()
+
+    run = _stream(stack, prompt, 200, on_token=on_token)
+    assert killed
+    assert run.status == 200 and run.error is None and run.finished
+    assert run.ids == reference.ids  # no token lost, repeated or reordered
+    status, steps = _steps(stack, run.request_id)
+    print("decode kill:", steps)
+    assert status == "completed"
+    # served by the live prefill engine, not by a replacement Ray had to start
+    assert ("aggregated_fallback", "recovered") in steps and ("decode_resume", "recovered") in steps
+    _wait_pool_healthy(APP)
+
+
+def test_a_prefill_kill_during_a_long_prefill_is_prefilled_on_the_decode_side(stack) -> None:  # type: ignore[no-untyped-def]
+    _wait_pool_healthy(f"{APP}.prefill")
+    victims = _family(f"ServeReplica:{APP}.prefill:Prefill")
+    assert victims, "no prefill replica process found"
+    prompt = _prompt(1800, seed=2)  # four 512-token engine steps
+    killed: dict[str, Any] = {}
+
+    def killer(t0: float) -> None:
+        time.sleep(0.08)
+        killed["pids"] = _kill(victims)
+        killed["at"] = time.perf_counter() - t0
+
+    t0 = time.perf_counter()
+    thread = threading.Thread(target=killer, args=(t0,))
+    thread.start()
+    run = _stream(stack, prompt, 32)
+    thread.join()
+    assert killed["pids"]
+    assert run.ttft_ms is not None and killed["at"] * 1000 < run.ttft_ms, "the kill came after the first token"
+    status, steps = _steps(stack, run.request_id)
+    print("prefill kill at", round(killed["at"] * 1000), "ms; TTFT", round(run.ttft_ms), "ms;", steps)
+    assert status == "completed" and run.finished and len(run.ids) == 32
+    assert ("local_prefill", "recovered") in steps or ("prefill_retry", "recovered") in steps
+    reference = _stream(stack, prompt, 32)  # the same prompt, undisturbed
+    assert run.ids == reference.ids
+    _wait_pool_healthy(f"{APP}.prefill")
+
+
+def test_the_redis_tier_down_is_skipped_and_costs_no_request(stack) -> None:  # type: ignore[no-untyped-def]
+    prompt = _prompt(700, seed=3)
+    reference = _stream(stack, prompt, 24)
+    fired, evidence = stack.redis_tier.down()
+    assert fired, evidence
+    try:
+        for seed in (3, 4):  # the stored prefix, and a new prompt whose KV cannot be stored
+            p = _prompt(700, seed=seed)
+            run = _stream(stack, p, 24)
+            status, steps = _steps(stack, run.request_id)
+            assert run.status == 200 and run.finished and run.error is None and status == "completed", steps
+            assert not [s for s in steps if s[1] == "failed"]
+            if seed == 3:
+                assert run.ids == reference.ids
+    finally:
+        stack.redis_tier.start()
