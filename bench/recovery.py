@@ -34,6 +34,7 @@ import time
 import uuid
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -150,7 +151,7 @@ def run_topology(name: str, cfg: RecoveryConfig, settings: Any, db: Any, *, log:
     from baton.bench.chaos.victims import RayMetricsAgent, wait_for_busy_victim
 
     prefill, decode = TOPOLOGIES[name]
-    scfg = StackConfig(state_dir=f"{cfg.state_dir}/{name}", prefill=prefill, decode=decode,
+    scfg = StackConfig(state_dir=Path(cfg.state_dir) / name, prefill=prefill, decode=decode,
                        max_model_len=max(2048, cfg.prompt_len + cfg.max_tokens + 64))
     rng = random.Random(cfg.seed)
     trials: list[dict[str, Any]] = []

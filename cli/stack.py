@@ -257,11 +257,11 @@ def demo_key(admin: Admin, tenant: dict[str, object], state: Path) -> str:
 def wait_running(admin: Admin, deployment: dict[str, object], settings: Settings, timeout_s: float) -> None:
     """Until Ray Serve itself runs the deployment's app and the control plane has seen it: the row's
     ``observed_state`` alone may still be the previous run's, before the reconciler's first pass."""
+    import datetime as dt
+
     from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
     from baton.control.ray_client import RayServeClient
-
-    import datetime as dt
 
     ray = RayServeClient.from_settings(settings)
     deadline = time.monotonic() + timeout_s
@@ -279,7 +279,7 @@ def wait_running(admin: Admin, deployment: dict[str, object], settings: Settings
                 state = r.json().get("observed_state") if r.status_code == 200 else None
                 reason = r.json().get("observed_reason") if r.status_code == 200 else None
                 seen = r.json().get("observed_at") if r.status_code == 200 else None
-                fresh = bool(seen) and dt.datetime.fromisoformat(seen) >= started  # not the previous run's failure
+                fresh = isinstance(seen, str) and dt.datetime.fromisoformat(seen) >= started  # not the previous run's failure
                 serving = app.status if app is not None else "not deployed yet"
                 bar.update(task, description=f"P/D deployment: Ray Serve {serving.lower()}, control plane {state}")
                 if app is not None and app.status == "RUNNING" and state == "running":

@@ -88,8 +88,9 @@ class BatonPDDecodeServer(PDDecodeServer):
     _baton_shape_cache: dp_tracing.ModelShape | None
     _baton_replica_name: str
 
-    async def __init__(self, llm_config: Any, *, prefill_server: Any = None, prefill_app: str | None = None,
-                       prefill_deployment: str | None = None, **kwargs: Any) -> None:
+    async def __init__(self, llm_config: Any, *, prefill_server: Any = None,  # type: ignore[misc]
+                       prefill_app: str | None = None, prefill_deployment: str | None = None,
+                       **kwargs: Any) -> None:
         """``prefill_server``: a handle to the prefill deployment bound in the same application (Ray's
         builder), or, when None, the deployment ``prefill_deployment`` of the application ``prefill_app``
         (Baton's P/D layout: the prefill pool is an application of its own, reachable over HTTP too)."""

@@ -181,13 +181,14 @@ class FailoverOpener:
         t0 = time.perf_counter()
         down = self._health.down(self._pool)
         delay = self._hedge_s if self._calls == 1 and not down else 0.0
-        primary = asyncio.ensure_future(self._try(self._primary, endpoint, body))
+        primary: asyncio.Future[httpx.Response | _NoAnswer] = asyncio.ensure_future(
+            self._try(self._primary, endpoint, body))
         fallback: asyncio.Future[httpx.Response | _NoAnswer] | None = None
         failed: _NoAnswer | None = None
         try:
             if delay > 0:
-                done, _ = await asyncio.wait({primary}, timeout=delay)
-                if primary in done:
+                first, _ = await asyncio.wait({primary}, timeout=delay)
+                if primary in first:
                     answer = primary.result()
                     if not isinstance(answer, _NoAnswer):
                         return self._served_by_primary(answer)
@@ -219,15 +220,15 @@ class FailoverOpener:
                     return self._served_by_fallback(answer, t0, why)
             self._health.failed(self._pool)
             assert failed is not None
-            other = fallback_failed.why if fallback_failed is not None else "no answer"
-            self._outcome.step(FALLBACK_STEP, t0, "failed", f"decode pool: {failed.why}; fallback: {other}")
+            fallback_why = fallback_failed.why if fallback_failed is not None else "no answer"
+            self._outcome.step(FALLBACK_STEP, t0, "failed", f"decode pool: {failed.why}; fallback: {fallback_why}")
             self.last = "primary"
             return failed.reraise()
         finally:
-            for task in (primary, fallback):
-                if task is not None and not task.done():
-                    task.cancel()
-                    task.add_done_callback(_close_answer)
+            for call in (primary, fallback):
+                if call is not None and not call.done():
+                    call.cancel()
+                    call.add_done_callback(_close_answer)
 
     def _served_by_primary(self, response: httpx.Response) -> httpx.Response:
         self._health.answered(self._pool)
