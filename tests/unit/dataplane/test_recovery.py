@@ -51,9 +51,13 @@ class _Method:
         self.script = script
         self.calls: list[_Gen] = []
 
+    on_die: Any = None  # Ray drops a replica from its router once a call to it fails with the actor dead
+
     def remote(self, request: Any, raw: Any) -> _Gen:
         gen = _Gen(self.script.pop(0) if self.script else "ok")
         self.calls.append(gen)
+        if gen.behaviour == "die" and self.on_die is not None:
+            self.on_die()
         return gen
 
 
@@ -68,10 +72,23 @@ class _Backend:
         return ("decode-with-remote-kv", request)
 
 
+class _Router:
+    """What the ladder reads of Ray's router: whether it knows the replicas, and which are alive."""
+
+    def __init__(self, live: int) -> None:
+        self.request_router = type("RR", (), {"curr_replicas": {f"r{i}": object() for i in range(live)}})()
+
+    def running_replicas_populated(self) -> bool:
+        return True
+
+
 class _Server:
-    def __init__(self, script: list[str]) -> None:
+    def __init__(self, script: list[str], live: int | None = None) -> None:
         self.method = _Method(script)
         self._prefill_handle = type("H", (), {"completions": self.method, "options": lambda s, **k: s})()
+        if live is not None:
+            self._prefill_handle._router = self.router = _Router(live)
+            self.method.on_die = lambda: self.router.request_router.curr_replicas.popitem()
 
     def _get_connector_backend(self) -> _Backend:
         return _Backend()
@@ -88,8 +105,9 @@ async def _fallback(request: Any, raw: Any):  # type: ignore[no-untyped-def]
     yield
 
 
-def _run(script: list[str], policy: PrefillPolicy = FAST) -> tuple[list[Any], list[Any], _Server, list[dict]]:
-    server = _Server(script)
+def _run(script: list[str], policy: PrefillPolicy = FAST,
+         live: int | None = None) -> tuple[list[Any], list[Any], _Server, list[dict]]:
+    server = _Server(script, live)
     decoded: list[Any] = []
     facts: list[dict] = []
 
@@ -143,6 +161,29 @@ def test_when_every_prefill_fails_the_decode_side_prefills_locally() -> None:
     assert out == ["tok-1", "tok-2"]
     assert not isinstance(decoded[0], tuple)  # the original request, no remote KV params
     assert _steps(facts) == [("prefill_retry", "failed"), ("prefill_retry", "failed"), ("local_prefill", "recovered")]
+
+
+def test_with_no_live_prefill_replica_the_decode_side_prefills_at_once() -> None:
+    out, decoded, server, facts = _run(["ok"], live=0)
+    assert out == ["tok-1", "tok-2"] and not isinstance(decoded[0], tuple)
+    assert server.method.calls == []  # no call that would wait for Ray to replace the pool
+    assert _steps(facts) == [("local_prefill", "recovered")]
+    assert "no live prefill replica" in facts[-1]["recovery_steps"][0]["detail"]
+
+
+def test_a_dead_only_replica_is_not_retried_the_decode_side_prefills() -> None:
+    out, decoded, server, facts = _run(["die", "ok"], live=1)
+    assert out == ["tok-1", "tok-2"] and not isinstance(decoded[0], tuple)
+    assert len(server.method.calls) == 1
+    assert _steps(facts) == [("local_prefill", "recovered")]
+
+
+def test_a_stalled_only_replica_is_not_asked_again_but_one_of_two_is() -> None:
+    _, _, server, facts = _run(["hang", "ok"], live=1)
+    assert len(server.method.calls) == 1 and _steps(facts) == [("local_prefill", "recovered")]
+    _, decoded, server, facts = _run(["hang", "ok"], live=2)
+    assert len(server.method.calls) == 2 and decoded[0][0] == "decode-with-remote-kv"
+    assert _steps(facts) == [("prefill_retry", "recovered")]
 
 
 def test_without_local_prefill_the_ladder_ends_in_503() -> None:
