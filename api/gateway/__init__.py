@@ -55,6 +55,7 @@ def build_gateway(
         resume=ResumePolicy(attempts=g.resume_attempts, budget_s=g.resume_budget_s, backoff_s=g.resume_backoff_s)
         if g.resume else None,
         stream_stall_s=g.stream_stall_s,
+        token_stall_s=g.token_stall_s,
         tracing=tracing,
         metrics=metrics,
     )

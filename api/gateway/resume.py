@@ -14,8 +14,9 @@ the original prompt and each completion token once.
 
 Attempts are bounded by :class:`ResumePolicy` (count, and time per recovery: each break gets
 ``budget_s`` from the moment it is seen; exponential backoff while Ray routes around or replaces a dead
-replica). An upstream that goes silent (no answer, or no chunk, for the gateway's ``stream_stall_s``)
-counts as broken too: its read timeout ends the attempt. Where the ladder runs out the client gets an
+replica). An upstream that goes silent (no answer for the gateway's ``stream_stall_s``, or, once tokens
+flow, no chunk for ``token_stall_s``: a stalled replica) counts as broken too: its read timeout ends the
+attempt. Where the ladder runs out the client gets an
 SSE ``error`` event and the request record keeps the steps taken (``Outcome.recovery_steps``) and why
 it failed.
 
@@ -351,8 +352,9 @@ class ResumingRelay(SSERelay):
     def __init__(self, response: httpx.Response, outcome: Outcome, *, strip_usage: bool,
                  headers: list[tuple[bytes, bytes]], done: Callable[[Outcome], None], opener: Opener,
                  endpoint: str, payload: dict[str, Any], original_body: bytes, client_ids: bool,
-                 policy: ResumePolicy, deadline: float, tries: list[int]) -> None:
+                 policy: ResumePolicy, deadline: float, tries: list[int], token_stall_s: float | None = None) -> None:
         super().__init__(response, outcome, strip_usage=strip_usage, headers=headers, done=done)
+        self._token_stall_s = token_stall_s
         self._opener = opener
         self._endpoint = endpoint
         self._payload = payload
@@ -437,6 +439,7 @@ class ResumingRelay(SSERelay):
     async def _pump(self, response: httpx.Response, send: Send, st: _Stream) -> str | None:
         """Relays one upstream stream; returns None when it completed, else why it broke."""
         pending = b""
+        tightened = False
         try:
             async for received in response.aiter_raw():
                 now = time.perf_counter()
@@ -457,6 +460,13 @@ class ResumingRelay(SSERelay):
                     if failure is not None:
                         break
                 if out:
+                    if self._token_stall_s is not None and not tightened:
+                        # The stream runs: a stalled replica is noticed after a token gap, not the wait for
+                        # a first answer (the lean client's responses; httpx's keep their timeout).
+                        tighten = getattr(response, "set_read_timeout", None)
+                        if tighten is not None:
+                            tighten(self._token_stall_s)
+                        tightened = True
                     st.started = True
                     await send({"type": "http.response.body", "body": b"".join(out), "more_body": True})
                 if failure is not None:

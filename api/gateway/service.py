@@ -131,6 +131,7 @@ class Gateway:
         default_completion_budget: int = 1024,
         resume: ResumePolicy | None = None,
         stream_stall_s: float | None = None,
+        token_stall_s: float | None = None,
         tracing: t.Tracing | None = None,
         metrics: GatewayMetrics | None = None,
     ) -> None:
@@ -151,6 +152,8 @@ class Gateway:
         #: Read timeout of streaming upstream calls (the wait for the answer and between chunks); None: the
         #: client's own. A stalled replica then ends the attempt instead of holding the request.
         self.stream_stall_s = stream_stall_s
+        #: ... and once a resumable stream's tokens flow, the longest gap between its chunks.
+        self.token_stall_s = token_stall_s
         self.stall_timeout = (None if stream_stall_s is None or not isinstance(client, httpx.AsyncClient) else
                               httpx.Timeout(connect=client.timeout.connect, read=stream_stall_s,
                                             write=client.timeout.write, pool=client.timeout.pool))
@@ -313,7 +316,7 @@ class Gateway:
             return ResumingRelay(response, outcome, strip_usage=not client_usage, headers=sse_headers(headers),
                                  done=lambda o: self._finish(o, lease), opener=opener, endpoint=call.endpoint,
                                  payload=call.payload, original_body=body, client_ids=client_ids, policy=policy,
-                                 deadline=deadline, tries=tries)
+                                 deadline=deadline, tries=tries, token_stall_s=self.token_stall_s)
         if call.stream:
             return SSERelay(response, outcome, strip_usage=not client_usage, headers=sse_headers(headers),
                             done=lambda o: self._finish(o, lease))

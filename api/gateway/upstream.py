@@ -190,6 +190,10 @@ class UpstreamResponse:
         finally:
             await self.aclose()
 
+    def set_read_timeout(self, seconds: float | None) -> None:
+        """The longest silence allowed from now on (a stream that started may be held to a shorter one)."""
+        self._read_timeout = seconds
+
     async def aread(self) -> bytes:
         parts = [piece async for piece in self.aiter_raw()]
         self.content = b"".join(parts)

@@ -69,6 +69,10 @@ class GatewaySettings(BaseModel):
         45.0, gt=0, description="A streaming upstream call silent this long (no response yet, or no chunk) is "
         "broken: with resume on it is retried before the first token and resumed after it."
     )
+    token_stall_s: float = Field(
+        10.0, gt=0, description="Once a stream has sent its first token, a silence this long between chunks "
+        "breaks it (a stalled replica: resumed with resume on). Longer than the longest engine step under load."
+    )
     keep_alive_s: float = Field(
         75.0, gt=0, description="How long an idle client connection is kept open. Longer than clients' own idle "
         "expiry (httpx and the OpenAI clients: 5 s), so the gateway never closes a connection that a client "

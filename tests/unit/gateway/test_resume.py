@@ -36,6 +36,7 @@ from baton.api.gateway.resume import (
     continuation_body,
     resumable,
 )
+from baton.api.gateway.upstream import UpstreamClient
 from baton.core import models as m
 
 # -- the scripted upstream -----------------------------------------------------------------------
@@ -190,6 +191,7 @@ POLICY = ResumePolicy(attempts=4, budget_s=10, backoff_s=0.01)
 async def _relay(base: str, endpoint: str, payload: dict[str, Any], *, policy: ResumePolicy = POLICY,
                  client_usage: bool = True, client_ids: bool = False, read_timeout: float = 10,
                  fallback: str | None = None, health: PoolHealth | None = None,
+                 lean: bool = False, token_stall_s: float | None = None,
                  ) -> tuple[list[dict[str, Any]], bytes, Outcome]:
     payload = {**payload, "stream": True, "stream_options": {"include_usage": True}, "return_token_ids": True,
                "cache_salt": "salt-1"}
@@ -197,8 +199,14 @@ async def _relay(base: str, endpoint: str, payload: dict[str, Any], *, policy: R
     outcome = Outcome(request_id=uuid.uuid4(), tenant_id=uuid.uuid4(), api_key_id=None, model="m",
                       endpoint=endpoint, stream=True, started=time.time(), start_pc=time.perf_counter())
     async with httpx.AsyncClient(timeout=httpx.Timeout(10, read=read_timeout)) as client:
+        lean_client = UpstreamClient(timeout_s=read_timeout) if lean else None
+
         def at(url: str) -> Opener:
             async def call(ep: str, content: bytes) -> httpx.Response:
+                if lean_client is not None:  # the gateway's own client (its read timeout can be tightened)
+                    answer = await lean_client.post(f"{url}/{ep}", content, {"content-type": "application/json"},
+                                                    stream=True, read_timeout=read_timeout)
+                    return answer  # type: ignore[return-value]
                 req = client.build_request("POST", f"{url}/{ep}", content=content,
                                            headers={"content-type": "application/json"})
                 return await client.send(req, stream=True)
@@ -225,7 +233,7 @@ async def _relay(base: str, endpoint: str, payload: dict[str, Any], *, policy: R
         relay = ResumingRelay(first, outcome, strip_usage=not client_usage, headers=[], done=done.append,
                               opener=opener, endpoint=endpoint, payload=payload, original_body=body,
                               client_ids=client_ids, policy=policy, deadline=time.monotonic() + policy.budget_s,
-                              tries=tries)
+                              tries=tries, token_stall_s=token_stall_s)
         sent: list[dict[str, Any]] = []
 
         async def receive() -> dict[str, Any]:
@@ -237,6 +245,8 @@ async def _relay(base: str, endpoint: str, payload: dict[str, Any], *, policy: R
 
         await relay({"type": "http"}, receive, send)
         await asyncio.sleep(0.01)
+        if lean_client is not None:
+            await lean_client.aclose()
     assert len(done) == 1 and sent[-1] == {"type": "http.response.body", "body": b"", "more_body": False}
     raw = b"".join(msg.get("body", b"") for msg in sent)
     events = [orjson.loads(ev[6:]) for ev in raw.split(b"\n\n") if ev.startswith(b"data: {")]
@@ -363,6 +373,17 @@ def test_a_stream_that_stalls_mid_way_resumes_on_a_new_call(upstream: str, after
     assert o.status is m.RequestStatus.COMPLETED and o.completion_tokens == 12
     assert [s["step"] for s in o.recovery_steps] == ["decode_resume"]
     assert "ReadTimeout" in o.recovery_steps[0]["detail"]
+
+
+def test_once_tokens_flow_a_short_gap_breaks_a_stalled_stream(upstream: str) -> None:
+    """A replica that stops mid-stream (SIGSTOP) is noticed after ``token_stall_s``, not after the long wait
+    allowed for a first answer; the stream resumes with the exact tokens."""
+    SCRIPT.append(("stall", 4))
+    events, _, o = asyncio.run(_relay(upstream, "completions", COMPLETION, read_timeout=30.0, lean=True,
+                                      token_stall_s=0.5))
+    assert _tokens(events, chat=False) == generate(tokenize("once upon"), 10)
+    assert [s["step"] for s in o.recovery_steps] == ["decode_resume"]
+    assert "ReadTimeout" in o.recovery_steps[0]["detail"] and "after 4 tokens" in o.recovery_steps[0]["detail"]
 
 
 def test_when_the_budget_runs_out_the_stream_ends_with_an_error_event(upstream: str) -> None:
