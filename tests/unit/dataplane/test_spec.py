@@ -82,6 +82,22 @@ def test_spec_round_trips_through_the_serve_application_entry():
     assert DeploymentSpec.model_validate(entry["args"]) == spec
 
 
+def test_a_pd_spec_is_a_prefill_application_and_the_decode_application():
+    from baton.dataplane.render import PREFILL_APP_IMPORT_PATH, render_serve_applications, render_serve_config
+
+    spec = pd_spec(kv={"connector": "nixl"}, route_prefix="/tiny")
+    prefill, main = render_serve_applications(spec)
+    assert main == render_serve_application(spec) and main["route_prefix"] == "/tiny"
+    assert prefill["name"] == "tiny.prefill" and prefill["route_prefix"] == "/tiny.prefill"
+    assert prefill["import_path"] == PREFILL_APP_IMPORT_PATH == "baton.dataplane.app:build_prefill_app"
+    assert DeploymentSpec.model_validate(prefill["args"]) == spec
+    # HAProxy routes by path prefix + "/": the decode app's "/tiny/" never catches "/tiny.prefill/..."
+    assert not ("/tiny.prefill/v1/completions").startswith(main["route_prefix"] + "/")
+    aggregated = DeploymentSpec(name="agg", model=MODEL, mode="aggregated")
+    assert [a["name"] for a in render_serve_config([aggregated, spec])["applications"]] == [
+        "agg", "tiny.prefill", "tiny"]
+
+
 def test_cpu_profile_renders_cpu_engine_settings():
     spec = pd_spec(engine={"kv_cache_space_gib": 0.5}, prefill={"min": 1, "max": 2})
     prefill = render_llm_config(spec, "prefill")
