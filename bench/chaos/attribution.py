@@ -14,7 +14,9 @@ Rules (pure functions, no I/O):
   starts the request after the client sent it), so a step may answer a fault when that time is no earlier
   than the fault less ``slack_s`` and no later than ``window_s`` after it.
 - Kind: a decode fault is answered by a decode-side step (a name starting with ``decode_``, or
-  ``aggregated_fallback``); a prefill fault by a prefill rung (``prefill_retry``, ``local_prefill``).
+  ``aggregated_fallback``); a prefill fault by a prefill rung (``prefill_retry``, ``local_prefill``), or by
+  ``kv_recompute`` (the prefill replica died after its prefill, before the decode engine pulled the KV:
+  the decode engine recomputed the prompt).
 - One step answers one fault at most: the latest fault of its kind, at or before the step (with the
   slack), at which the request was in flight. Two faults never share a step.
 - Kills and stalls of replicas need a step (``needs_step``): a prefill whose replica died after it had
@@ -32,6 +34,7 @@ from baton.bench.chaos.faults import FaultRecord
 from baton.bench.chaos.ledger import RequestRecord, Verdict
 
 PREFILL_RUNGS = ("prefill_retry", "local_prefill")
+KV_RECOMPUTE = "kv_recompute"
 REPLICA_FAULTS = ("kill_decode", "kill_prefill", "stop_decode", "stop_prefill")
 Steps = Mapping[str, Sequence[Mapping[str, Any]]]
 """Recovery steps by the client's request id."""
@@ -46,7 +49,7 @@ def answers(fault_kind: str, step_name: str) -> bool:
     if fault_kind.endswith("_decode"):
         return is_decode_step(step_name)
     if fault_kind.endswith("_prefill"):
-        return step_name in PREFILL_RUNGS
+        return step_name in (*PREFILL_RUNGS, KV_RECOMPUTE)
     return False
 
 

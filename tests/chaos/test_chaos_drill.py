@@ -78,7 +78,7 @@ def test_decode_and_prefill_kills_lose_no_request_and_no_token(endpoint) -> None
         assert f["requests_in_flight"] and f["matched_steps"], f
     assert all(s["step"].startswith("decode_") or s["step"] == "aggregated_fallback"
                for s in decode_kill["matched_steps"])
-    assert {s["step"] for s in prefill_kill["matched_steps"]} <= {"prefill_retry", "local_prefill"}
+    assert {s["step"] for s in prefill_kill["matched_steps"]} <= {"prefill_retry", "local_prefill", "kv_recompute"}
     assert result["prefill_rungs_seen"]
     # the ledger's invariants: no request failed, none lost or cut, no token lost (a failed stream's
     # untransmitted tail included; only the dropped client's stream is a prefix), duplicated or wrong
