@@ -12,16 +12,28 @@ Loaded by vLLM through `kv_transfer_config` (`kv_connector: BatonLMCacheConnecto
    `sampling_params.extra_args["kv_transfer_params"]["lmcache.tag.tenant"]`. LMCache keys include the
    tags, so two tenants never share a tier entry, just as vLLM's own prefix cache already separates them
    by `cache_salt`. The tag is a digest: the salt itself never reaches a storage key.
+3. Integrity: once LMCache's storage manager exists (`register_kv_caches`), every tier it reads from is
+   checked (`baton.dataplane.kv_integrity`: a digest per stored chunk). A chunk that fails its check is a
+   miss: LMCache retrieves fewer tokens, reports the blocks it did not load, and vLLM recomputes them
+   (`kv_load_failure_policy: recompute`). The worker half hands the failures out as this connector's KV
+   stats, which vLLM's stat loggers (Ray's, under Ray Serve) export as the counter
+   ``baton_kv_integrity_failures_total{tier, tenant_tag, reason}``. The scheduler half corrects the
+   request's prefill statistics when loaded blocks fail, so ``prompt_tokens_by_source`` counts the
+   recomputed tokens as ``local_compute``, not as ``external_kv_transfer``.
 """
 
 from __future__ import annotations
 
 import hashlib
 import logging
+from collections import OrderedDict
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from vllm.distributed.kv_transfer.kv_connector.factory import KVConnectorFactory
 from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorRole
 from vllm.distributed.kv_transfer.kv_connector.v1.lmcache_connector import LMCacheConnectorV1
+from vllm.distributed.kv_transfer.kv_connector.v1.metrics import KVConnectorPromMetrics, KVConnectorStats
 
 if TYPE_CHECKING:
     from vllm.config import VllmConfig
@@ -72,12 +84,53 @@ def register_cpu_lmcache_engine(vllm_config: VllmConfig) -> None:
 
 
 class BatonLMCacheConnectorV1(LMCacheConnectorV1):
-    """vLLM's LMCache connector with a CPU path and per-tenant tier keys."""
+    """vLLM's LMCache connector with a CPU path, per-tenant tier keys and checked tiers."""
 
     def __init__(self, vllm_config: VllmConfig, role: KVConnectorRole, kv_cache_config: Any = None):
         if role == KVConnectorRole.WORKER and vllm_config.device_config.device_type == "cpu":
             register_cpu_lmcache_engine(vllm_config)
         super().__init__(vllm_config, role, kv_cache_config)
+        self._baton_integrity_tiers: list[str] | None = None
+        # Scheduler half: requests loading KV from a tier -> (request, its block ids), until finished.
+        self._baton_loads: OrderedDict[str, tuple[Any, set[int]]] = OrderedDict()
+
+    # Worker side: the tiers are checked before the first load or store.
+
+    def register_kv_caches(self, kv_caches: dict[str, Any]) -> None:
+        super().register_kv_caches(kv_caches)
+        self._baton_check_tiers()
+
+    def start_load_kv(self, forward_context: Any, **kwargs: Any) -> None:
+        if self._baton_integrity_tiers is None:
+            self._baton_check_tiers()
+        super().start_load_kv(forward_context, **kwargs)
+
+    def _baton_check_tiers(self) -> None:
+        from lmcache.integration.vllm.utils import ENGINE_NAME
+        from lmcache.v1.cache_engine import LMCacheEngineBuilder
+
+        from baton.dataplane.kv_integrity import install
+
+        engine = LMCacheEngineBuilder.get(ENGINE_NAME)
+        if engine is not None:
+            self._baton_integrity_tiers = install(engine)
+
+    def get_kv_connector_stats(self) -> KVConnectorStats | None:
+        if self.role != KVConnectorRole.WORKER:
+            return None  # the two halves share a process under the uni executor: the worker half drains
+        from baton.dataplane.kv_integrity import drain_failures
+
+        rows = drain_failures()
+        return KVIntegrityStats(data={_ROWS: rows}) if rows else None
+
+    @classmethod
+    def build_kv_connector_stats(cls, data: dict[str, Any] | None = None) -> KVConnectorStats | None:
+        return KVIntegrityStats(data=data) if data is not None else KVIntegrityStats(data={_ROWS: []})
+
+    @classmethod
+    def build_prom_metrics(cls, vllm_config: Any, metric_types: Any, labelnames: list[str],
+                           per_engine_labelvalues: dict[int, list[object]]) -> KVConnectorPromMetrics | None:
+        return KVIntegrityPromMetrics(vllm_config, metric_types, labelnames, per_engine_labelvalues)
 
     # Scheduler side: every hook that can see a new request tags it before LMCache reads it.
 
@@ -88,3 +141,125 @@ class BatonLMCacheConnectorV1(LMCacheConnectorV1):
     def update_state_after_alloc(self, request: Any, blocks: Any, num_external_tokens: int) -> None:
         apply_tenant_tag(request.sampling_params, getattr(request, "cache_salt", None))
         super().update_state_after_alloc(request, blocks, num_external_tokens)
+        if num_external_tokens > 0:
+            self._baton_loads[request.request_id] = (request, _block_ids(blocks))
+            while len(self._baton_loads) > 4096:
+                self._baton_loads.popitem(last=False)
+
+    def update_connector_output(self, connector_output: Any) -> None:
+        super().update_connector_output(connector_output)
+        invalid = getattr(connector_output, "invalid_block_ids", None)
+        if not invalid or not self._baton_loads:
+            return
+        try:
+            for req_id, (request, blocks) in list(self._baton_loads.items()):
+                if getattr(request, "prefill_stats", None) is None:
+                    self._baton_loads.pop(req_id, None)  # its first output went out: nothing to correct
+                elif blocks & invalid and correct_prefill_stats(request):
+                    self._baton_loads.pop(req_id, None)
+        except Exception:
+            logger.debug("prefill statistics not corrected after a KV load failure", exc_info=True)
+
+    def request_finished(self, request: Any, block_ids: list[int]) -> tuple[bool, dict[str, Any] | None]:
+        self._baton_loads.pop(request.request_id, None)
+        return super().request_finished(request, block_ids)
+
+
+# -- integrity failures as vLLM connector stats -------------------------------------------------------
+
+INTEGRITY_METRIC = "baton_kv_integrity_failures"
+INTEGRITY_LABELS = ("tier", "tenant_tag", "reason")
+_ROWS = "integrity_failures"
+
+
+@dataclass
+class KVIntegrityStats(KVConnectorStats):
+    """KV integrity failures of one interval: ``data["integrity_failures"]`` holds
+    ``[tier, tenant_tag, reason, count]`` rows (msgpack-able: they cross from the engine core to the
+    front end)."""
+
+    def rows(self) -> list[list[Any]]:
+        rows = self.data.get(_ROWS)
+        return rows if isinstance(rows, list) else []
+
+    def reset(self) -> None:
+        self.data = {_ROWS: []}
+
+    def aggregate(self, other: KVConnectorStats) -> KVConnectorStats:
+        merged: dict[tuple[str, str, str], int] = {}
+        for tier, tenant, reason, n in [*self.rows(), *KVIntegrityStats(data=other.data).rows()]:
+            merged[(tier, tenant, reason)] = merged.get((tier, tenant, reason), 0) + int(n)
+        self.data = {_ROWS: [[*k, n] for k, n in merged.items()]}
+        return self
+
+    def reduce(self) -> dict[str, int | float]:
+        return {"kv_integrity_failures": sum(int(r[3]) for r in self.rows())}
+
+    def is_empty(self) -> bool:
+        return not self.rows()
+
+
+def _counter(counter_cls: Any, labelnames: list[str]) -> Any:
+    kwargs = {"name": INTEGRITY_METRIC, "labelnames": labelnames,
+              "documentation": "KV chunks read from an LMCache tier that failed their checksum (recomputed)."}
+    try:
+        return counter_cls(**kwargs)
+    except ValueError:  # prometheus_client: already registered in this process (a second logger)
+        from prometheus_client import REGISTRY
+
+        names = getattr(REGISTRY, "_names_to_collectors", {})
+        existing = names.get(INTEGRITY_METRIC) or names.get(INTEGRITY_METRIC + "_total")
+        if existing is None:
+            raise
+        return existing
+
+
+class KVIntegrityPromMetrics(KVConnectorPromMetrics):
+    """``baton_kv_integrity_failures_total{model_name, engine, tier, tenant_tag, reason}`` in the metric
+    classes of whichever vLLM stat logger builds it (prometheus_client, or Ray's metrics under Ray Serve,
+    where it is exported as ``ray_baton_kv_integrity_failures_total`` with the replica's ``ReplicaId``)."""
+
+    def __init__(self, vllm_config: Any, metric_types: Any, labelnames: list[str],
+                 per_engine_labelvalues: dict[int, list[object]]):
+        super().__init__(vllm_config, metric_types, labelnames, per_engine_labelvalues)
+        self._failures = _counter(self._counter_cls, [*labelnames, *INTEGRITY_LABELS])
+
+    def observe(self, transfer_stats_data: dict[str, Any], engine_idx: int = 0) -> None:
+        engine_labels = self.per_engine_labelvalues.get(engine_idx, [])
+        for tier, tenant, reason, n in KVIntegrityStats(data=transfer_stats_data).rows():
+            if n:
+                self._failures.labels(*engine_labels, tier, tenant, reason).inc(n)
+
+
+def _block_ids(blocks: Any) -> set[int]:
+    try:
+        groups = blocks.get_block_ids()
+    except Exception:
+        return set()
+    return {int(b) for group in groups or () for b in group}
+
+
+def correct_prefill_stats(request: Any) -> bool:
+    """After vLLM rolled a request back to the blocks that loaded (invalid blocks, recompute policy),
+    counts the rolled-back tokens as computed locally instead of loaded from a tier.
+
+    vLLM records a request's prefill breakdown when it schedules it and does not revise it when KV
+    fails to load, so ``prompt_tokens_by_source`` would report KV that was never used. Returns
+    whether the stats changed."""
+    stats = getattr(request, "prefill_stats", None)
+    if stats is None or getattr(request, "num_preemptions", 0) > 0:
+        return False
+    valid = int(request.num_computed_tokens)
+    if valid >= stats.num_cached_tokens:
+        return False
+    local = min(stats.num_local_cached_tokens, valid)
+    stats.set(num_prompt_tokens=stats.num_prompt_tokens, num_local_cached_tokens=local,
+              num_external_cached_tokens=valid - local)
+    return True
+
+
+# vLLM's MultiConnector files its children's stats under their class names and rebuilds them in the
+# front-end process from its registry by that name: Baton's connector must be found there. This module
+# is imported in the front end too (vLLM's stat loggers build each child's metrics from its module path).
+if "BatonLMCacheConnectorV1" not in KVConnectorFactory._registry:
+    KVConnectorFactory.register_connector("BatonLMCacheConnectorV1", __name__, "BatonLMCacheConnectorV1")
