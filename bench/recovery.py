@@ -30,6 +30,7 @@ import json
 import random
 import re
 import statistics
+import threading
 import time
 import uuid
 from collections.abc import Callable
@@ -50,7 +51,9 @@ class RecoveryConfig:
     arms: tuple[str, ...] = ("tier", "no_tier")
     repeats: int = 2
     prompt_len: int = 1024
-    max_tokens: int = 400
+    max_tokens: int = 1000
+    """Long enough that the stream still runs when the engines' gauges (exported every second) show
+    which decode replica serves it."""
     kill_after: int = 40
     seed: int = 0
     state_dir: str = "var/bench-recovery"
@@ -170,37 +173,46 @@ def run_topology(name: str, cfg: RecoveryConfig, settings: Any, db: Any, *, log:
                 for arm in cfg.arms:
                     if not asyncio.run(injector.wait_healthy("decode", cfg.replace_timeout_s)):
                         raise RuntimeError("the decode pool did not come back to full strength")
+                    stream(client, ep, prompt(), 8)  # a replacement engine's first request is a cold one
                     fresh = stream(client, ep, prompt(), 8)
                     trial: dict[str, Any] = {"topology": name, "arm": arm, "repeat": rep,
                                              "fresh_ttft_ms": fresh.ttft_ms, "fresh_status": fresh.status}
                     p = prompt()
                     victim: dict[str, Any] = {}
+                    killer: list[threading.Thread] = []
 
-                    def on_token(s: Stream, victim: dict[str, Any] = victim, arm: str = arm) -> None:
-                        if s.kill_pc is not None or len(s.ids) < cfg.kill_after:
-                            return
+                    def kill(s: Stream, victim: dict[str, Any] = victim, arm: str = arm) -> None:
+                        """In its own thread: the client keeps reading (and timing) the stream meanwhile."""
                         if arm == "no_tier" and ep.redis_tier is not None:
                             import redis
 
                             redis.Redis.from_url(ep.redis_tier.url).flushall()
                         choice = asyncio.run(wait_for_busy_victim(
                             "decode", lambda: asyncio.to_thread(injector.finder.pool, "decode"), loads, rng,
-                            timeout_s=2.0, poll_s=0.1))
+                            timeout_s=3.0, poll_s=0.1))
                         if choice is None:
                             victim["evidence"] = "no decode replica found"
-                            s.kill_pc = time.perf_counter()
                             return
+                        victim["tokens_at_kill"] = len(s.ids)
                         fired, evidence = kill_replica(choice.replica)
                         s.kill_pc = time.perf_counter()
-                        victim.update(fired=fired, evidence=evidence, busy=choice.busy, choice=choice.evidence,
-                                      tokens_at_kill=len(s.ids))
+                        victim.update(fired=fired, evidence=evidence, busy=choice.busy, choice=choice.evidence)
+
+                    def on_token(s: Stream, kill: Callable[[Stream], None] = kill,
+                                 killer: list[threading.Thread] = killer) -> None:
+                        if not killer and len(s.ids) >= cfg.kill_after:
+                            killer.append(threading.Thread(target=kill, args=(s,), daemon=True))
+                            killer[0].start()
 
                     k = stream(client, ep, p, cfg.max_tokens, on_token=on_token)
+                    for t in killer:
+                        t.join()
                     rec = _record(ep.db, k.request_id) or {}
                     steps = rec.get("recovery_steps", [])
                     n = _resumed_after(steps)
                     recovery_ms = None
                     if k.kill_pc is not None and n is not None and len(k.token_times) > n:
+                        # the continuation's first token (number n + 1); it was made after the kill
                         recovery_ms = (k.token_times[n] - k.kill_pc) * 1000
                     ref = stream(client, ep, p, cfg.max_tokens)
                     trial.update(

@@ -405,7 +405,7 @@ def recovery(  # noqa: PLR0917 - typer options
     arm: Annotated[list[str] | None, typer.Option(
         "--arm", help="tier (LMCache Redis tier as deployed) and/or no_tier (flushed at the kill).")] = None,
     prompt_len: Annotated[int, typer.Option("--prompt-len", help="Prompt tokens (256-token tier chunks).")] = 1024,
-    max_tokens: Annotated[int, typer.Option("--max-tokens")] = 400,
+    max_tokens: Annotated[int, typer.Option("--max-tokens")] = 1000,
     kill_after: Annotated[int, typer.Option("--kill-after", help="Tokens at the client before the kill.")] = 40,
     repeats: Annotated[int, typer.Option("--repeats", help="Kills per arm and topology (each waits for Ray "
                                                            "to replace the replica).")] = 2,
