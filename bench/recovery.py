@@ -29,6 +29,7 @@ from __future__ import annotations
 import json
 import random
 import re
+import signal
 import statistics
 import threading
 import time
@@ -149,7 +150,7 @@ def run_topology(name: str, cfg: RecoveryConfig, settings: Any, db: Any, *, log:
     import asyncio
 
     from baton.bench.chaos.drill import DrillConfig, Injector
-    from baton.bench.chaos.faults import kill_replica
+    from baton.bench.chaos.faults import gone, signal_tree
     from baton.bench.chaos.stack import ChaosStack, StackConfig
     from baton.bench.chaos.victims import RayMetricsAgent, wait_for_busy_victim
 
@@ -194,8 +195,14 @@ def run_topology(name: str, cfg: RecoveryConfig, settings: Any, db: Any, *, log:
                             victim["evidence"] = "no decode replica found"
                             return
                         victim["tokens_at_kill"] = len(s.ids)
-                        fired, evidence = kill_replica(choice.replica)
+                        tree = choice.replica.tree
+                        reached = signal_tree(tree, signal.SIGKILL)  # the kill's moment: the signal, not the teardown
                         s.kill_pc = time.perf_counter()
+                        deadline = time.monotonic() + 10
+                        while not all(gone(pid) for pid in reached) and time.monotonic() < deadline:
+                            time.sleep(0.05)
+                        fired = bool(reached) and choice.replica.pid in reached and all(gone(pid) for pid in reached)
+                        evidence = f"SIGKILL {reached}: {'all gone' if fired else 'not all gone'}"
                         victim.update(fired=fired, evidence=evidence, busy=choice.busy, choice=choice.evidence)
 
                     def on_token(s: Stream, kill: Callable[[Stream], None] = kill,

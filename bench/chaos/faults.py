@@ -14,6 +14,7 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 import shutil
 import signal
@@ -119,6 +120,32 @@ def replicas_from_titles(app: str) -> list[Replica]:
     return out
 
 
+def replica_ids_from_serve(dashboard_url: str) -> dict[int, str]:
+    """Serve's replica ids by process id, from Serve's REST status (its replicas list pid and replica id);
+    empty when the dashboard does not answer. A replica's process title does not carry its id."""
+    from pathlib import Path
+
+    import httpx
+
+    from baton.control.ray_client import read_token
+
+    token = read_token(Path.home() / ".ray" / "auth_token")
+    try:
+        r = httpx.get(dashboard_url.rstrip("/") + "/api/serve/applications/", timeout=10, trust_env=False,
+                      headers={"Authorization": f"Bearer {token}"} if token else {})
+        r.raise_for_status()
+        apps = r.json().get("applications") or {}
+    except (httpx.HTTPError, ValueError):
+        return {}
+    out: dict[int, str] = {}
+    for app in apps.values():
+        for dep in (app.get("deployments") or {}).values():
+            for rep in dep.get("replicas") or ():
+                if isinstance(rep.get("pid"), int) and rep.get("replica_id"):
+                    out[rep["pid"]] = str(rep["replica_id"])
+    return out
+
+
 class ReplicaFinder:
     """Finds a P/D app's replicas; remembers which method worked."""
 
@@ -140,7 +167,11 @@ class ReplicaFinder:
                     return found
             except Exception:  # the state API is optional: fall back to process titles
                 self.method = "process_title"
-        return [r for app in apps for r in replicas_from_titles(app)]
+        found = [r for app in apps for r in replicas_from_titles(app)]
+        if self.dashboard_url and any(not r.replica_id for r in found):
+            ids = replica_ids_from_serve(self.dashboard_url)
+            found = [dataclasses.replace(r, replica_id=ids.get(r.pid, "")) if not r.replica_id else r for r in found]
+        return found
 
     def pool(self, pool: Pool) -> list[Replica]:
         return sorted((r for r in self.find() if r.pool == pool), key=lambda r: r.pid)
