@@ -222,7 +222,15 @@ def run_topology(name: str, cfg: RecoveryConfig, settings: Any, db: Any, *, log:
                         # the continuation's first token (number n + 1); it was made after the kill
                         recovery_ms = (k.token_times[n] - k.kill_pc) * 1000
                     ref = stream(client, ep, p, cfg.max_tokens)
+                    resume = next((st for st in steps if st.get("step") == "decode_resume"), None)
+                    kill_at_ms = (k.kill_pc - k.t_send) * 1000 if k.kill_pc is not None else None
                     trial.update(
+                        # where the time goes: kill -> the gateway sees the stream break -> the continuation
+                        # answers (the gateway's clock starts within a millisecond or two of the client's)
+                        kill_at_ms=kill_at_ms,
+                        break_seen_after_kill_ms=(float(resume["at_ms"]) - kill_at_ms
+                                                  if resume is not None and kill_at_ms is not None else None),
+                        continuation_open_ms=float(resume["duration_ms"]) if resume is not None else None,
                         victim=victim, status=k.status, finished=k.finished, error=k.error,
                         tokens=len(k.ids), resumed_after=n, recovery_ms=recovery_ms,
                         ratio=recovery_ms / fresh.ttft_ms if recovery_ms is not None and fresh.ttft_ms else None,
