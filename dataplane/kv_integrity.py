@@ -55,6 +55,8 @@ DIGEST_SIZE = 32
 _PREFIX = struct.Struct("<4sI")  # magic, header length
 _MAX_HEADER = 1 << 16
 NO_TENANT = "none"
+SPARE_BYTES = 64 << 20  # frame buffers kept for reuse per remote tier
+COPYING_CONNECTORS = frozenset({"RedisConnector", "RedisSentinelConnector", "RedisClusterConnector", "FSConnector"})
 
 #: Reasons a chunk fails its check (a label of the counter).
 MISSING = "missing"  # no frame: written without a checksum, or the frame's start is damaged
@@ -100,8 +102,11 @@ def _dtype_of(name: Any) -> torch.dtype:
     return dtype
 
 
-def seal(key: str, memory_obj: MemoryObj) -> bytearray:
-    """The frame of one chunk: prefix, header, digest, KV bytes (one copy of the KV)."""
+def seal(key: str, memory_obj: MemoryObj, buffer: Any = None) -> bytearray:
+    """The frame of one chunk: prefix, header, digest, KV bytes (one copy of the KV).
+
+    ``buffer(size)`` may give the bytearray to write the frame into (reused frames: fresh memory of a
+    chunk's size costs more to fault in than the copy itself)."""
     payload = _bytes_view(memory_obj.byte_array)
     header = json.dumps({
         "n": len(payload),
@@ -110,7 +115,7 @@ def seal(key: str, memory_obj: MemoryObj) -> bytearray:
         "dtypes": [_dtype_name(d) for d in memory_obj.get_dtypes()],
     }, separators=(",", ":")).encode()
     start = _PREFIX.size + len(header) + DIGEST_SIZE
-    frame = bytearray(start + len(payload))
+    frame = buffer(start + len(payload)) if buffer is not None else bytearray(start + len(payload))
     _PREFIX.pack_into(frame, 0, MAGIC, len(header))
     frame[_PREFIX.size:_PREFIX.size + len(header)] = header
     frame[start - DIGEST_SIZE:start] = _digest(key, header, payload)
@@ -230,13 +235,37 @@ class ChecksummedRemoteConnector(InstrumentedRemoteConnector):  # type: ignore[m
         self._allocator = allocator
         self._num_groups = num_groups
         self._purges: set[asyncio.Task[None]] = set()
+        self._spare: list[bytearray] = []
+        self._spare_bytes = 0
+        self._spare_lock = threading.Lock()
         self.name: str = f"ChecksummedRemoteConnector({connector})"
 
     # writes
 
+    def _buffer(self, size: int) -> bytearray:
+        with self._spare_lock:
+            for i, buf in enumerate(self._spare):
+                if len(buf) == size:
+                    self._spare_bytes -= size
+                    return self._spare.pop(i)
+        return bytearray(size)
+
+    def _recycle(self, frames: list[FrameMemoryObj]) -> None:
+        """Keeps written frames' buffers for the next writes (at most SPARE_BYTES, or one buffer), for
+        connectors known to have copied the bytes out once their put returns."""
+        if type(self._connector).__name__ not in COPYING_CONNECTORS:
+            return
+        with self._spare_lock:
+            for frame in frames:
+                buf = frame.raw_data
+                if self._spare and self._spare_bytes + len(buf) > SPARE_BYTES:
+                    continue
+                self._spare.append(buf)
+                self._spare_bytes += len(buf)
+
     def _seal(self, key: Any, memory_obj: MemoryObj) -> FrameMemoryObj | None:
         try:
-            return FrameMemoryObj(seal(key.to_string(), memory_obj), self._num_groups)
+            return FrameMemoryObj(seal(key.to_string(), memory_obj, self._buffer), self._num_groups)
         except Exception as exc:
             log.warning("KV chunk not written to tier %s: no frame (%s)", self.tier, type(exc).__name__)
             return None
@@ -248,6 +277,7 @@ class ChecksummedRemoteConnector(InstrumentedRemoteConnector):  # type: ignore[m
             _release(memory_obj)  # the reference RemoteBackend handed to the put
         if frame is not None:
             await super().put(key, frame)
+            self._recycle([frame])  # the put returned: the connector holds no reference to it any more
 
     async def batched_put(self, keys: list[Any], memory_objs: list[MemoryObj]) -> None:
         sealed_keys, frames = [], []
@@ -261,6 +291,7 @@ class ChecksummedRemoteConnector(InstrumentedRemoteConnector):  # type: ignore[m
                 frames.append(frame)
         if frames:
             await super().batched_put(sealed_keys, frames)
+            self._recycle(frames)
 
     # reads
 

@@ -277,6 +277,30 @@ def test_a_one_byte_change_makes_that_chunk_a_miss_and_is_counted(tier):
     assert tier.stored(writer, first)
 
 
+@pytest.mark.parametrize("kind", ["fs", "redis"])
+def test_frame_buffers_written_once_are_reused_without_mixing_chunks(kind, tmp_path):
+    t = Tier(kind, tmp_path)
+    try:
+        writer = t.engine()
+        conn = next(b.connection for b in writer.engine.storage_manager.storage_backends.values()
+                    if isinstance(getattr(b, "connection", None), ki.ChecksummedRemoteConnector))
+        first, second = torch.arange(600), torch.arange(1000, 1600)
+        src_first, src_second = paged_cache("random"), [torch.randn_like(c) for c in paged_cache("zeros")]
+        writer.store(first, src_first)
+        wait_for(lambda: all(t.stored(writer, k) for k in writer.keys(first)))
+        assert conn._spare  # the written frames' buffers are kept ...
+        writer.store(second, src_second)  # ... and written into again
+        wait_for(lambda: all(t.stored(writer, k) for k in writer.keys(second)))
+        reader = t.engine()
+        for tokens, src in ((first, src_first), (second, src_second)):
+            dst = paged_cache("zeros")
+            assert reader.retrieve(tokens, dst) == 2 * CHUNK
+            for layer in range(LAYERS):
+                assert torch.equal(dst[layer][6:10], src[layer][0:4])
+    finally:
+        t.close()
+
+
 def test_without_the_check_the_damaged_chunk_would_be_loaded(tmp_path):
     """The control: LMCache alone loads the changed bytes into the engine's KV cache."""
     t = Tier("fs", tmp_path)
