@@ -78,7 +78,8 @@ def test_only_the_dataplane_imports_the_engine() -> None:
 #: Loaded only inside Ray Serve replicas and engine processes (by Ray's import paths and vLLM's
 #: `kv_connector_module_path`): they subclass Ray's, vLLM's and LMCache's classes, so importing them
 #: imports the engine by nature. Nothing else may.
-ENGINE_PLUGINS = {"baton.dataplane.engine", "baton.dataplane.kv_connector", "baton.dataplane.kv_trace",
+ENGINE_PLUGINS = {"baton.dataplane.engine", "baton.dataplane.kv_connector", "baton.dataplane.kv_integrity",
+                  "baton.dataplane.kv_trace",
                   "baton.dataplane.lmcache_cpu", "baton.dataplane.pd", "baton.bench.chaos.kv_faults"}
 
 
