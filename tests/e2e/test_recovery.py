@@ -58,17 +58,22 @@ def _kill(pids: list[int]) -> list[int]:
     return killed
 
 
-def _wait_pool_healthy(app: str, timeout_s: float = 600) -> None:
+def _wait_replaced(app: str, title: str, victims: list[int], timeout_s: float = 900) -> None:
+    """Until Ray runs a new replica of the pool (a process not among the victims, with its engine) and
+    Serve reports the app healthy again: Serve's status alone still says healthy right after a kill."""
     from ray import serve
+
+    from baton.bench.chaos.faults import gone
 
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
+        fresh = [pid for pid in _family(title) if pid not in victims]
         status = serve.status().applications.get(app)
-        if status is not None and status.status == "RUNNING" and all(
-                d.status == "HEALTHY" for d in status.deployments.values()):
+        if (all(gone(pid) for pid in victims) and len(fresh) >= 2 and status is not None
+                and status.status == "RUNNING" and all(d.status == "HEALTHY" for d in status.deployments.values())):
             return
         time.sleep(2)
-    raise TimeoutError(f"{app} not healthy after {timeout_s:.0f} s")
+    raise TimeoutError(f"{title}: no replacement running after {timeout_s:.0f} s")
 
 
 @pytest.fixture(scope="module")
@@ -144,11 +149,11 @@ def test_a_decode_kill_mid_stream_goes_on_on_the_prefill_engine_at_once(stack) -
     assert status == "completed"
     # served by the live prefill engine, not by a replacement Ray had to start
     assert ("aggregated_fallback", "recovered") in steps and ("decode_resume", "recovered") in steps
-    _wait_pool_healthy(APP)
+    _wait_replaced(APP, f"ServeReplica:{APP}:Decode", victims)
 
 
 def test_a_prefill_kill_during_a_long_prefill_is_prefilled_on_the_decode_side(stack) -> None:  # type: ignore[no-untyped-def]
-    _wait_pool_healthy(f"{APP}.prefill")
+    assert _stream(stack, _prompt(64, seed=9), 4).finished  # both pools serve
     victims = _family(f"ServeReplica:{APP}.prefill:Prefill")
     assert victims, "no prefill replica process found"
     prompt = _prompt(1800, seed=2)  # four 512-token engine steps
@@ -172,7 +177,7 @@ def test_a_prefill_kill_during_a_long_prefill_is_prefilled_on_the_decode_side(st
     assert ("local_prefill", "recovered") in steps or ("prefill_retry", "recovered") in steps
     reference = _stream(stack, prompt, 32)  # the same prompt, undisturbed
     assert run.ids == reference.ids
-    _wait_pool_healthy(f"{APP}.prefill")
+    _wait_replaced(f"{APP}.prefill", f"ServeReplica:{APP}.prefill:Prefill", victims)
 
 
 def test_the_redis_tier_down_is_skipped_and_costs_no_request(stack) -> None:  # type: ignore[no-untyped-def]
