@@ -279,7 +279,8 @@ def wait_running(admin: Admin, deployment: dict[str, object], settings: Settings
                 state = r.json().get("observed_state") if r.status_code == 200 else None
                 reason = r.json().get("observed_reason") if r.status_code == 200 else None
                 seen = r.json().get("observed_at") if r.status_code == 200 else None
-                fresh = isinstance(seen, str) and dt.datetime.fromisoformat(seen) >= started  # not the previous run's failure
+                # a failure observed in this run, not the previous run's
+                fresh = isinstance(seen, str) and dt.datetime.fromisoformat(seen) >= started
                 serving = app.status if app is not None else "not deployed yet"
                 bar.update(task, description=f"P/D deployment: Ray Serve {serving.lower()}, control plane {state}")
                 if app is not None and app.status == "RUNNING" and state == "running":

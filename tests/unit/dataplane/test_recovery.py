@@ -88,7 +88,7 @@ class _Server:
         self._prefill_handle = type("H", (), {"completions": self.method, "options": lambda s, **k: s})()
         if live is not None:
             self._prefill_handle._router = self.router = _Router(live)
-            self.method.on_die = lambda: self.router.request_router.curr_replicas.popitem()
+            self.method.on_die = self.router.request_router.curr_replicas.popitem
 
     def _get_connector_backend(self) -> _Backend:
         return _Backend()
