@@ -1,7 +1,7 @@
 """Data-plane facts merged into request records (see :mod:`baton.dataplane.facts` for the writer).
 
 Called by the usage meter on each batch before it is written, off the request path: one pipelined
-``HGETALL baton:req:<request id>`` per outcome that went to a Serve deployment. The ``handoff`` fact
+``HGETALL baton:req:<request id>`` per outcome (static routes to a Serve deployment included). The ``handoff`` fact
 (the decode server's view, submit to first token) fills ``kv_bytes``/``handoff_ms``; the
 ``kv_transfer`` fact (NIXL's own timing inside the decode engine), when present, replaces them with
 the transfer itself; data-plane ``recovery_steps`` (and a ``kv_recompute`` step where the decode
@@ -42,7 +42,9 @@ class FactMerger:
         self._tracer = tracer
 
     async def __call__(self, outcomes: list[Outcome]) -> None:
-        todo = [o for o in outcomes if o.deployment is not None and not o.facts_merged]
+        # Every outcome went upstream (an outcome exists once a request is admitted): a static route to a
+        # Serve deployment has facts as well as a routed one; a bare engine's key is simply empty.
+        todo = [o for o in outcomes if not o.facts_merged]
         if not todo:
             return
         try:

@@ -217,6 +217,16 @@ async def _facts_round_trip(settings: Settings) -> None:
         await FactMerger(red)([o2])
         await red.aclose()
     assert (o2.kv_bytes, o2.handoff_ms) == (8000, 0.75)
+    # A static route (no deployment name; the chaos harness's gateway, a k8s route by URL) to a P/D
+    # deployment: the decode server's recovery steps still reach the record.
+    o3 = _outcome(deployment=None)
+    async with _facts_to(settings.redis.url):
+        await facts.record_fact(f"req-{o3.request_id.hex}", "recovery_steps", [
+            {"step": "local_prefill", "at_ms": 1.0, "duration_ms": 30.0, "outcome": "recovered", "detail": "x"}])
+        red = aioredis.Redis.from_url(settings.redis.url)
+        await FactMerger(red)([o3])
+        await red.aclose()
+    assert [(s["step"], s["source"]) for s in o3.recovery_steps] == [("local_prefill", "dataplane")]
     # Redis unreachable: no facts, no error.
     down = aioredis.Redis.from_url("redis://127.0.0.1:9", socket_connect_timeout=0.2)
     await FactMerger(down)([_outcome(deployment="x")])
