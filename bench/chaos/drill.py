@@ -358,9 +358,17 @@ class Injector:
         return False
 
     async def wait_ready(self, pool: Pool) -> bool:
-        """Whether a replica fault on ``pool`` may fire now (see :attr:`DrillConfig.overlap`)."""
+        """Whether a replica fault on ``pool`` may fire now (see :attr:`DrillConfig.overlap`).
+
+        Without overlap every pool must be whole, not only the victim's: while the decode pool is still
+        being replaced, the prefill engine serves the decode side too (the aggregated fallback), and a
+        prefill fault then is a double fault (with one replica each, nothing is left to serve)."""
         if not self.cfg.overlap:
-            return await self.wait_healthy(pool, self.cfg.replace_timeout_s)
+            others: tuple[Pool, ...] = tuple(p for p in ("prefill", "decode") if p != pool and self.ep.pools.get(p))
+            for p in (*others, pool):
+                if not await self.wait_healthy(p, self.cfg.replace_timeout_s):
+                    return False
+            return True
         deadline = time.monotonic() + self.cfg.replace_timeout_s
         while time.monotonic() < deadline:
             if len(await asyncio.to_thread(self.finder.pool, pool)) >= 2:
