@@ -61,7 +61,7 @@ Progress = Callable[[str, float, float], None]
 """``progress(description, done, total)``."""
 
 FAULT_KINDS = ("kill_decode", "kill_prefill", "stop_decode", "stop_prefill", "tier_down", "drop")
-LONG_PROMPT_TRIES = 5
+LONG_PROMPT_TRIES = 20  # long prompts sent one after another while waiting for a busy prefill
 """Most long-prompt requests sent before one prefill fault (each one whose prefill ended unseen is replaced)."""
 
 
