@@ -216,6 +216,21 @@ def failure_totals() -> dict[tuple[str, str, str], int]:
 # -- remote tiers ------------------------------------------------------------------------------------
 
 
+def _checked_prefix(keys: list[Any], objs: list[Any], check: Any) -> list[MemoryObj]:
+    """The longest prefix of chunks that pass ``check(key, obj)`` (LMCache's non-blocking contract: a
+    retrieve ends at the first missing chunk); the objects after the first failure are released."""
+    out: list[MemoryObj] = []
+    for i, (key, obj) in enumerate(zip(keys, objs, strict=False)):
+        good = check(key, obj)
+        if good is None:
+            for rest in objs[i + 1:]:
+                if rest is not None:
+                    _release(rest)
+            break
+        out.append(good)
+    return out
+
+
 def _release(obj: Any) -> None:
     try:
         obj.ref_count_down()
@@ -333,16 +348,7 @@ class ChecksummedRemoteConnector(InstrumentedRemoteConnector):  # type: ignore[m
     async def batched_get_non_blocking(self, lookup_id: str, keys: list[Any]) -> list[MemoryObj]:
         """A prefix of the keys' chunks (LMCache's contract): it ends at the first chunk that fails."""
         frames = await super().batched_get_non_blocking(lookup_id, keys)
-        out: list[MemoryObj] = []
-        for i, (key, frame) in enumerate(zip(keys, frames, strict=False)):
-            obj = self._open(key, frame)
-            if obj is None:
-                for rest in frames[i + 1:]:
-                    if rest is not None:
-                        _release(rest)
-                break
-            out.append(obj)
-        return out
+        return _checked_prefix(keys, frames, self._open)
 
     # a damaged entry is removed, so that the next miss stores the recomputed KV again
 
@@ -486,16 +492,7 @@ def wrap_local_disk_backend(backend: Any) -> str:
 
     async def batched_get_non_blocking(lookup_id: str, keys: list[Any], *args: Any, **kwargs: Any) -> list[MemoryObj]:
         objs = await get_async(lookup_id, keys, *args, **kwargs)
-        out: list[MemoryObj] = []
-        for i, (key, obj) in enumerate(zip(keys, objs, strict=False)):
-            good = checked(key, obj)
-            if good is None:
-                for rest in objs[i + 1:]:
-                    if rest is not None:
-                        _release(rest)
-                break
-            out.append(good)
-        return out
+        return _checked_prefix(keys, objs, checked)
 
     backend.async_save_bytes_to_disk = async_save_bytes_to_disk
     backend.get_blocking = get_blocking
