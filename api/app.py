@@ -1,8 +1,9 @@
 """The FastAPI application: ``/v1`` (gateway), and ``/admin/v1`` and the console when installed.
 
-:func:`create_app` builds nothing at import time; its lifespan builds the database, Redis and upstream
-clients once per process (unless handed in, as tests do) and closes what it built. Optional routers
-of other parts of Baton (admin API, console) are mounted when their modules exist.
+:func:`create_app` builds nothing at import time. Its lifespan builds the composition root once per
+process (database, Redis, upstream clients, the control plane: :mod:`baton.api.services`), unless
+tests hand parts in, and closes what it built. Optional routers of other parts of Baton (admin API,
+console) are mounted when their modules exist.
 """
 
 from __future__ import annotations
@@ -56,12 +57,16 @@ def create_app(
     http_client: Any = None,
     optional_routers: tuple[tuple[str, str, str], ...] | None = None,
     tracing: Any = None,
+    sync_redis: Any = None,
+    notify: Any = None,
 ) -> FastAPI:
     """The whole HTTP API. ``db``/``redis`` (``redis.asyncio.Redis``)/``router``/``http_client`` may be
     passed in (tests, benchmarks); what the app builds itself it also closes. ``optional_routers``
     (default :data:`OPTIONAL_ROUTERS`) lists the other parts to mount when installed; ``()`` serves
-    the gateway alone. ``tracing`` (a :class:`baton.core.telemetry.Tracing`) replaces the one the
-    lifespan builds from ``settings.telemetry`` (tests pass an in-memory exporter)."""
+    the gateway alone. ``sync_redis`` (``redis.Redis``) and ``notify`` (a
+    :class:`baton.control.services.Notifier`) replace the control plane's own. ``tracing`` (a
+    :class:`baton.core.telemetry.Tracing`) replaces the one the lifespan builds from
+    ``settings.telemetry`` (tests pass an in-memory exporter)."""
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -85,6 +90,10 @@ def create_app(
         app.state.db = database
         app.state.redis = red
         app.state.gateway = gateway
+        from baton.api.services import AppServices
+
+        services = AppServices.build(settings, database, redis_client=sync_redis, notify=notify)
+        app.state.services = services
         await gateway.start()
         try:
             yield
@@ -94,6 +103,7 @@ def create_app(
                 await gateway.client.aclose()
             if own_redis:
                 await red.aclose()
+            services.close()
             if own_db:
                 database.dispose()
             if own_tracing:
@@ -106,6 +116,9 @@ def create_app(
         lifespan=lifespan,
     )
     install_error_handlers(app)
+    from baton.api.body_limit import BodyLimit
+
+    app.add_middleware(BodyLimit, max_bytes=settings.gateway.max_request_bytes)
 
     from baton.api.gateway.routes import router as gateway_router
 
@@ -124,6 +137,9 @@ def create_app(
         return {"status": "ok"}
 
     include_optional_routers(app, OPTIONAL_ROUTERS if optional_routers is None else optional_routers)
+    from baton.api.gateway.routes import fallback
+
+    app.include_router(fallback)  # last: every other /v1 path answers in OpenAI's shape
     _document_v1_errors_as_400(app)
     return app
 

@@ -112,10 +112,52 @@ def _loc_param(loc: Sequence[Any]) -> str | None:
     return out or None
 
 
+def plain_message(e: Mapping[str, Any]) -> str:
+    """One validation failure in plain words (pydantic's own wording names its internals: "Input should
+    be a valid UUID, invalid character: found `n` at 0")."""
+    kind = str(e.get("type", ""))
+    ctx = e.get("ctx") or {}
+    if kind.startswith("uuid"):
+        return "This is not a valid id (ids look like 3f2b8c1e-0a4d-4e8b-9c55-1d2e3f4a5b6c)"
+    if kind == "missing":
+        return "This is required"
+    if kind == "string_too_short":
+        n = ctx.get("min_length", 1)
+        return "This cannot be empty" if n == 1 else f"Use at least {n} characters"
+    if kind == "string_too_long":
+        return f"Use at most {ctx.get('max_length')} characters"
+    if kind in ("too_long", "too_short"):
+        return (f"Give at most {ctx.get('max_length')} items" if kind == "too_long"
+                else f"Give at least {ctx.get('min_length')} items")
+    if kind == "string_pattern_mismatch":
+        return "This contains characters that are not allowed here"
+    if kind in ("int_parsing", "int_type", "int_from_float"):
+        return "Enter a whole number"
+    if kind in ("float_parsing", "float_type"):
+        return "Enter a number"
+    if kind in ("bool_parsing", "bool_type"):
+        return "Use true or false"
+    if kind in ("greater_than", "greater_than_equal", "less_than", "less_than_equal"):
+        word = {"greater_than": "greater than", "greater_than_equal": "at least", "less_than": "less than",
+                "less_than_equal": "at most"}[kind]
+        bound = next((v for k, v in ctx.items() if k in ("gt", "ge", "lt", "le")), "")
+        return f"Use a value {word} {bound}"
+    if kind in ("enum", "literal_error"):
+        return f"Choose one of: {ctx.get('expected', 'the listed values')}"
+    if kind == "extra_forbidden":
+        return "This field is not accepted here"
+    if kind in ("string_type", "dict_type", "list_type", "model_type", "model_attributes_type"):
+        what = {"string_type": "text", "dict_type": "an object", "list_type": "a list"}.get(kind, "an object")
+        return f"This must be {what}"
+    if kind in ("datetime_parsing", "datetime_from_date_parsing", "date_parsing"):
+        return "Enter a date and time such as 2026-12-02T14:05:00Z"
+    return str(e.get("msg", "Invalid value"))
+
+
 def validation_error(errs: Iterable[Mapping[str, Any]]) -> errors.ValidationError:
-    """A request validation failure as one client error naming the first offending parameter."""
+    """A request validation failure as one client error naming the first offending parameter, in plain words."""
     items = list(errs)
-    fields = [{"param": _loc_param(e.get("loc", ())), "message": str(e.get("msg", "invalid"))} for e in items[:20]]
+    fields = [{"param": _loc_param(e.get("loc", ())), "message": plain_message(e)} for e in items[:20]]
     first = items[0] if items else {}
     if first.get("type") == "json_invalid" or (first.get("loc") == ("body",) and first.get("type") == "missing"):
         exc = errors.ValidationError(
@@ -123,7 +165,7 @@ def validation_error(errs: Iterable[Mapping[str, Any]]) -> errors.ValidationErro
             "application/json.", fields=fields)
         return exc
     param = _loc_param(first.get("loc", ()))
-    msg = str(first.get("msg", "Invalid value"))
+    msg = plain_message(first)
     where = f"'{param}'" if param else "the request body"
     return errors.ValidationError(f"Invalid value for {where}: {msg}.", param=param, fields=fields)
 

@@ -97,10 +97,11 @@ def model_shape(folder: Path) -> dict[str, int]:
 
 
 def kv_bytes(shape: dict[str, int], tokens: int, dtype_bytes: int = 4) -> int:
-    from baton.core.telemetry import kv_bytes as formula
+    """The KV bytes of ``tokens`` tokens of a :func:`model_shape` (:func:`baton.core.contracts.kv_bytes`)."""
+    from baton.core.contracts import kv_bytes as formula
 
-    return int(formula(num_layers=shape["layers"], num_kv_heads=shape["kv_heads"], head_dim=shape["head_dim"],
-                       tokens=tokens, bytes_per_element=dtype_bytes))
+    return formula(num_layers=shape["layers"], num_kv_heads=shape["kv_heads"], head_dim=shape["head_dim"],
+                   tokens=tokens, bytes_per_element=dtype_bytes)
 
 
 def parse_metrics(text: str, names: tuple[str, ...]) -> dict[str, float]:

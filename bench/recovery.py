@@ -41,6 +41,8 @@ from typing import Any
 
 import httpx
 
+from baton.core.contracts import STEP_AGGREGATED_FALLBACK, STEP_DECODE_RESUME
+
 Log = Callable[[str], None]
 TOPOLOGIES = {"1p1d": (1, 1), "1p2d": (1, 2)}
 RESUMED_AFTER = re.compile(r"resumed after (\d+) tokens")
@@ -137,7 +139,7 @@ def _record(db: Any, request_id: str | None, wait_s: float = 20.0) -> dict[str, 
 
 def _resumed_after(steps: list[dict[str, Any]]) -> int | None:
     for st in steps:
-        if st.get("step") == "decode_resume" and st.get("outcome") == "recovered":
+        if st.get("step") == STEP_DECODE_RESUME and st.get("outcome") == "recovered":
             m = RESUMED_AFTER.search(str(st.get("detail", "")))
             if m:
                 return int(m.group(1))
@@ -222,7 +224,7 @@ def run_topology(name: str, cfg: RecoveryConfig, settings: Any, db: Any, *, log:
                         # the continuation's first token (number n + 1); it was made after the kill
                         recovery_ms = (k.token_times[n] - k.kill_pc) * 1000
                     ref = stream(client, ep, p, cfg.max_tokens)
-                    resume = next((st for st in steps if st.get("step") == "decode_resume"), None)
+                    resume = next((st for st in steps if st.get("step") == STEP_DECODE_RESUME), None)
                     kill_at_ms = (k.kill_pc - k.t_send) * 1000 if k.kill_pc is not None else None
                     trial.update(
                         # where the time goes: kill -> the gateway sees the stream break -> the continuation
@@ -236,7 +238,7 @@ def run_topology(name: str, cfg: RecoveryConfig, settings: Any, db: Any, *, log:
                         ratio=recovery_ms / fresh.ttft_ms if recovery_ms is not None and fresh.ttft_ms else None,
                         equal_undisturbed=bool(ref.ids) and k.ids == ref.ids, record_status=rec.get("status"),
                         steps=[{kk: st.get(kk) for kk in ("step", "outcome", "duration_ms", "detail")} for st in steps],
-                        rung="aggregated_fallback" if any(st.get("step") == "aggregated_fallback"
+                        rung=STEP_AGGREGATED_FALLBACK if any(st.get("step") == STEP_AGGREGATED_FALLBACK
                                                           and st.get("outcome") == "recovered" for st in steps)
                         else "decode_pool" if n is not None else None)
                     log(f"{name} {arm} #{rep}: recovery {_fmt(recovery_ms)} ms, fresh TTFT {_fmt(fresh.ttft_ms)} ms, "

@@ -8,6 +8,8 @@ from typing import Annotated, Any
 
 import typer
 
+from baton.core.contracts import DTYPE_BYTES
+
 
 def register(app: typer.Typer) -> None:
     app.command(name="plan")(plan)
@@ -16,13 +18,13 @@ def register(app: typer.Typer) -> None:
 def _shape_from_dir(path: Path) -> dict[str, Any]:
     cfg = json.loads((path / "config.json").read_text())
     heads = int(cfg["num_attention_heads"])
-    dtype = str(cfg.get("torch_dtype") or cfg.get("dtype") or "float32")
+    dtype = str(cfg.get("torch_dtype") or cfg.get("dtype") or "float32").removeprefix("torch.")
     return {
         "name": path.name,
         "num_layers": int(cfg["num_hidden_layers"]),
         "num_kv_heads": int(cfg.get("num_key_value_heads") or heads),
         "head_dim": int(cfg.get("head_dim") or int(cfg["hidden_size"]) // heads),
-        "dtype": dtype if dtype in ("float32", "bfloat16", "float16") else "float32",
+        "dtype": dtype if dtype in DTYPE_BYTES else "float32",  # a size the KV formula knows
         "params_b": None,
     }
 

@@ -357,7 +357,9 @@ def up(
 
     base_url = f"http://{settings.gateway.host}:{settings.gateway.port}"
     procs.start("worker", [baton, "worker"])
-    procs.start("gateway", [baton, "gateway", "run"])
+    # a new organisation may call the demo model from its sign-up (no operator grant needed on this machine)
+    grants = os.environ.get("BATON_TENANCY__DEFAULT_MODELS", f'["{DEMO_MODEL}"]')
+    procs.start("gateway", [baton, "gateway", "run"], env={"BATON_TENANCY__DEFAULT_MODELS": grants})
     wait_for("the gateway", lambda: _http_ok(f"{base_url}/healthz"), 60)
     out.print(f"[green]ok[/] gateway and console at {base_url} (worker running)")
 

@@ -1,4 +1,4 @@
-"""Celery: the reconcile, usage roll-up and key-expiry jobs, on Redis, with an embedded beat.
+"""Celery: the reconcile, usage roll-up, key-expiry and stored-response purge jobs, on Redis, with an embedded beat.
 
 Nothing is built at import time. :func:`create_celery` builds the app from settings; the worker builds
 its database and Ray client once per process, on the first task. The admin API enqueues a reconcile
@@ -22,6 +22,7 @@ log = logging.getLogger(__name__)
 RECONCILE = "baton.reconcile"
 ROLLUP = "baton.usage_rollup"
 EXPIRE_KEYS = "baton.expire_keys"
+PURGE_RESPONSES = "baton.purge_responses"
 QUEUE = "baton"
 #: While a deployment is on its way, the reconcile polls again after this many seconds.
 FOLLOW_UP_S = 5.0
@@ -69,6 +70,7 @@ def create_celery(settings: Any, *, queue: str = QUEUE) -> Celery:
                           "kwargs": {"reason": "periodic"}},
             "usage-rollup": {"task": ROLLUP, "schedule": timedelta(seconds=c.rollup_interval_s)},
             "expire-keys": {"task": EXPIRE_KEYS, "schedule": timedelta(seconds=c.expire_keys_interval_s)},
+            "purge-responses": {"task": PURGE_RESPONSES, "schedule": timedelta(hours=1)},
         },
     )
     ctx = _Context(settings)
@@ -101,6 +103,13 @@ def create_celery(settings: Any, *, queue: str = QUEUE) -> Celery:
         done: list[str] = jobs.expire_keys(ctx.db, task_id=self.request.id,
                                            events=RedisKeyEvents.from_settings(settings))
         return done
+
+    @app.task(name=PURGE_RESPONSES, bind=True)  # type: ignore[untyped-decorator,unused-ignore]
+    def purge_responses_task(self: Task) -> int:
+        from baton.control import jobs
+
+        deleted: int = jobs.purge_responses(ctx.db, task_id=self.request.id)
+        return deleted
 
     return app
 

@@ -99,3 +99,20 @@ def expire_keys(db: Database, *, now: dt.datetime | None = None, task_id: str | 
         return done
 
     return run_recorded(db, "expire_keys", work, task_id=task_id, summarize=lambda ids: {"expired": ids})
+
+
+def purge_responses(db: Database, *, now: dt.datetime | None = None, task_id: str | None = None) -> int:
+    """Deletes stored ``/v1/responses`` answers past their expiry (reads already ignore them)."""
+
+    def work() -> int:
+        at = now or dt.datetime.now(dt.UTC)
+        total = 0
+        while True:
+            with db.system() as uow:
+                n = uow.responses.delete_expired(at)
+                uow.commit()
+            total += n
+            if n == 0:
+                return total
+
+    return run_recorded(db, "purge_responses", work, task_id=task_id, summarize=lambda n: {"deleted": n})

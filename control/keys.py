@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import datetime as dt
 import logging
+import secrets
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -34,6 +35,8 @@ INVALIDATION_CHANNEL = "baton:gateway:invalidate"
 InvalidationKind = Literal["key", "tenant", "all"]
 
 KeyState = Literal["active", "expiring", "expired", "revoked"]
+
+KeyKind = Literal["standard", "playground"]
 
 
 def invalidation_message(kind: InvalidationKind, id_: uuid.UUID | None = None) -> bytes:
@@ -98,6 +101,7 @@ class ApiKeyView:
     created_by: str
     created_at: dt.datetime
     last_used_at: dt.datetime | None
+    kind: KeyKind = "standard"
 
     @classmethod
     def of(cls, row: m.ApiKey) -> ApiKeyView:
@@ -106,7 +110,12 @@ class ApiKeyView:
             model_scope=tuple(row.model_scope or ()), expires_at=row.expires_at, revoked_at=row.revoked_at,
             rotated_to_id=row.rotated_to_id, created_by=row.created_by, created_at=row.created_at,
             last_used_at=row.last_used_at,
+            kind="playground" if row.kind is m.KeyKind.PLAYGROUND else "standard",
         )
+
+    def live(self, now: dt.datetime | None = None) -> bool:
+        """Works now: not revoked and not expired (a rotated key works until its overlap ends)."""
+        return self.state(now) in ("active", "expiring")
 
     def state(self, now: dt.datetime | None = None) -> KeyState:
         now = now or dt.datetime.now(dt.UTC)
@@ -123,7 +132,7 @@ class ApiKeyView:
             "name": self.name, "prefix": self.prefix, "model_scope": list(self.model_scope),
             "expires_at": self.expires_at.isoformat() if self.expires_at else None,
             "revoked_at": self.revoked_at.isoformat() if self.revoked_at else None,
-            "rotated_to_id": str(self.rotated_to_id) if self.rotated_to_id else None,
+            "rotated_to_id": str(self.rotated_to_id) if self.rotated_to_id else None, "kind": self.kind,
         }
 
 
@@ -186,8 +195,46 @@ class KeyService:
             uow.commit()
         return IssuedKey(key=view, secret=secret)
 
+    def issue_playground(self, *, tenant_id: uuid.UUID, created_by: str, model: str,
+                         ttl: dt.timedelta) -> IssuedKey:
+        """A key for one model that expires after ``ttl``, for the console's playground. A console user
+        has at most one unrevoked playground key: the previous one is revoked in the same transaction
+        (and every gateway is told)."""
+        scope = _normalise_scope([model])
+        if len(scope) != 1:
+            raise errors.ValidationError("Name the model to try.", param="model")
+        if ttl <= dt.timedelta(0):
+            raise errors.ValidationError("A playground key must expire in the future.", param="ttl")
+        now = dt.datetime.now(dt.UTC)
+        secret = new_secret()
+        with self._db.tenant(tenant_id) as uow:
+            tenant = uow.tenants.require(tenant_id)
+            _check_scope(uow.models.for_tenant(tenant.id), scope)
+            replaced = []
+            for old in uow.api_keys.unrevoked_playground(tenant_id, created_by):
+                before = ApiKeyView.of(old).audit_form()
+                old.revoked_at = now
+                uow.flush()
+                uow.audit.record(actor=created_by, action="api_key.revoke", target_type="api_key",
+                                 target_id=str(old.id), tenant_id=tenant_id, before=before,
+                                 after=ApiKeyView.of(old).audit_form())
+                replaced.append(old.id)
+            row = uow.api_keys.add(m.ApiKey(
+                tenant_id=tenant_id, name=f"playground-{secrets.token_hex(4)}", prefix=visible_prefix(secret),
+                key_hash=self.hash(secret), model_scope=list(scope), expires_at=now + ttl, created_by=created_by,
+                kind=m.KeyKind.PLAYGROUND,
+            ))
+            view = ApiKeyView.of(row)
+            uow.audit.record(actor=created_by, action="api_key.create", target_type="api_key",
+                             target_id=str(row.id), tenant_id=tenant_id, after=view.audit_form())
+            uow.commit()
+        for key_id in replaced:
+            self._events.key_changed(key_id)
+        return IssuedKey(key=view, secret=secret)
+
     def list(self, *, tenant_id: uuid.UUID, include_revoked: bool = False) -> list[ApiKeyView]:
         with self._db.tenant(tenant_id) as uow:
+            uow.tenants.require(tenant_id)
             rows = uow.api_keys.for_tenant(tenant_id, include_revoked=include_revoked)
             return [ApiKeyView.of(r) for r in rows]
 

@@ -20,7 +20,6 @@ changes only when someone changes the desired state.
 
 from __future__ import annotations
 
-import datetime as dt
 import hashlib
 import json
 import logging
@@ -30,15 +29,13 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from sqlalchemy import delete, select, text, update
-
 from baton.control.audit import jsonable
 from baton.control.ray_client import APP_STATUS_TO_OBSERVED, ServeClient, ServeStatus
 from baton.control.slo import EngineThroughput
 from baton.control.spec import deployment_spec, throughput_from
 from baton.core import errors
 from baton.core import models as m
-from baton.core.db import Database, UnitOfWork, translated
+from baton.core.db import Database, UnitOfWork
 from baton.dataplane.render import PREFILL_APP_SUFFIX, render_serve_config
 
 log = logging.getLogger(__name__)
@@ -130,11 +127,7 @@ class Reconciler:
 
     def reconcile(self) -> ReconcileResult:
         with self.db.system() as lock_uow:
-            with translated():
-                got = lock_uow.session.execute(
-                    text("SELECT pg_try_advisory_xact_lock(:k)"), {"k": LOCK_KEY}
-                ).scalar()
-            if not got:
+            if not lock_uow.deployments.try_reconcile_lock(LOCK_KEY):
                 return ReconcileResult(locked=False)
             return self._pass()
 
@@ -306,14 +299,7 @@ class Reconciler:
         gen = r.observed_generation if gen is None else gen
         if (state, reason, gen) == (r.observed, r.reason, r.observed_generation):
             return
-        with translated():
-            uow.session.execute(
-                update(m.Deployment)
-                .where(m.Deployment.id == r.id)
-                .values(observed_state=m.ObservedState(state), observed_reason=reason,
-                        observed_generation=gen, observed_at=dt.datetime.now(dt.UTC))
-                .execution_options(synchronize_session=False)
-            )
+        uow.deployments.write_observed(r.id, state=m.ObservedState(state), reason=reason, generation=gen)
         if (state, gen) != (r.observed, r.observed_generation):
             uow.audit.record(
                 actor=ACTOR, action="deployment.observed", target_type="deployment", target_id=str(r.id),
@@ -322,12 +308,7 @@ class Reconciler:
             )
 
     def _remove(self, uow: UnitOfWork, r: _Row) -> None:
-        with translated():
-            uow.session.execute(
-                delete(m.Deployment)
-                .where(m.Deployment.id == r.id, m.Deployment.desired_state == m.DesiredState.DELETED)
-                .execution_options(synchronize_session=False)
-            )
+        uow.deployments.remove_deleted(r.id)
         uow.audit.record(
             actor=ACTOR, action="deployment.removed", target_type="deployment", target_id=str(r.id),
             before={"name": r.name, "observed_state": r.observed}, after=None,
@@ -339,17 +320,3 @@ def _runs_exactly(status: ServeStatus, entries: list[dict[str, Any]]) -> bool:
         return False
     return all(status.apps[e["name"]].matches(e) for e in entries)
 
-
-def deployment_status(db: Database, deployment_id: uuid.UUID) -> dict[str, Any]:
-    """The status the admin API shows (from Postgres: what the reconciler last saw)."""
-    with db.system() as uow:
-        with translated():
-            d = uow.session.scalar(select(m.Deployment).where(m.Deployment.id == deployment_id))
-        if d is None:
-            raise errors.NotFoundError(f"No deployment with id {deployment_id}.")
-        return {
-            "id": str(d.id), "name": d.name, "desired_state": d.desired_state.value,
-            "observed_state": d.observed_state.value, "observed_reason": d.observed_reason,
-            "generation": d.generation, "observed_generation": d.observed_generation,
-            "observed_at": d.observed_at.isoformat() if d.observed_at else None,
-        }

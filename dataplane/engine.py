@@ -7,7 +7,7 @@ whose readers spin on ``sched_yield()`` for a second after every message (``Spin
 burning a core each around every request, beside the other engines, Ray and the gateway.
 
 :class:`BatonVLLMEngine` runs the model inside the engine-core process instead (vLLM's ``uni``
-executor) when the replica's environment says so (``BATON_ENGINE_EXECUTOR=uni``, set by the CPU
+executor) when the replica's environment says so (``ReplicaEnv.engine_executor == "uni"``, set by the CPU
 profile in :mod:`baton.dataplane.render`) and the engine has a single rank. Everything else is Ray's
 ``VLLMEngine``. Ray picks the class from ``RAYLLM_VLLM_ENGINE_CLS`` in the replica's environment, for
 the aggregated, prefill and decode servers alike.
@@ -16,12 +16,11 @@ the aggregated, prefill and decode servers alike.
 from __future__ import annotations
 
 import logging
-import os
 from typing import Any
 
 from ray.llm._internal.serve.engines.vllm.vllm_engine import VLLMEngine
 
-from baton.dataplane.render import ENGINE_EXECUTOR_ENV
+from baton.core.contracts import ReplicaEnv
 
 log = logging.getLogger(__name__)
 
@@ -40,7 +39,7 @@ class BatonVLLMEngine(VLLMEngine):
 
     def _start_async_llm_engine(self, vllm_engine_args: Any, vllm_engine_config: Any, placement_group: Any) -> Any:
         parallel = vllm_engine_config.parallel_config
-        backend = choose_executor(parallel, os.environ.get(ENGINE_EXECUTOR_ENV))
+        backend = choose_executor(parallel, ReplicaEnv.from_environ().engine_executor)
         if backend is not None and parallel.distributed_executor_backend != backend:
             log.info("engine executor: %s (was %s)", backend, parallel.distributed_executor_backend)
             parallel.distributed_executor_backend = backend

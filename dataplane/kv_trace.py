@@ -38,6 +38,7 @@ from typing import TYPE_CHECKING, Any
 from vllm.distributed.kv_transfer.kv_connector.v1.nixl.connector import NixlConnector as _VllmNixlConnector
 
 from baton.core import telemetry as t
+from baton.core.contracts import KvLoadFailedFact, KvTransferFact, dtype_bytes
 from baton.dataplane import nixl_progress
 from baton.dataplane import tracing as dp_tracing
 from baton.dataplane.facts import post_fact
@@ -137,11 +138,13 @@ class NixlConnector(_VllmNixlConnector):
         self._baton_shape: dp_tracing.ModelShape | None = None
         try:
             mc = vllm_config.model_config
-            dtype = str(mc.dtype).removeprefix("torch.")
+            # The KV cache's own dtype (``fp8_e4m3``, ...) where one is set, else the model's.
+            cache_dtype = getattr(vllm_config.cache_config, "cache_dtype", None)
+            dtype = mc.dtype if cache_dtype in (None, "", "auto") else cache_dtype
             self._baton_shape = dp_tracing.ModelShape(
                 mc.get_num_layers(vllm_config.parallel_config), mc.get_num_kv_heads(vllm_config.parallel_config),
-                mc.get_head_size(), dp_tracing.dtype_bytes(dtype), int(vllm_config.cache_config.block_size))
-        except Exception:
+                mc.get_head_size(), dtype_bytes(dtype), int(vllm_config.cache_config.block_size))
+        except Exception:  # an unknown dtype included: bytes then come from NIXL's telemetry only
             self._baton_shape = None
 
     # -- scheduler half ---------------------------------------------------------------------------
@@ -306,12 +309,12 @@ class NixlConnector(_VllmNixlConnector):
                          error="KV load failed" if failed else None)
         if rec.note.request_id and failed:
             # vLLM recomputes the prompt (kv_load_failure_policy: recompute): a rung of the ladder, on record.
-            post_fact(rec.note.request_id, "kv_load_failed", {
-                "connector": "nixl", "blocks": rec.blocks, "wait_ms": wait_ms, "t_unix": done_ns / 1e9})
+            post_fact(rec.note.request_id, KvLoadFailedFact(connector="nixl", blocks=rec.blocks, wait_ms=wait_ms,
+                                                             t_unix=done_ns / 1e9))
         if rec.note.request_id and not failed:
-            post_fact(rec.note.request_id, "kv_transfer", {
-                "connector": "nixl", "kv_bytes": kv_bytes, "expected_bytes": expected, "transfer_ms": transfer_ms,
-                "wait_ms": wait_ms, "timing": attrs["baton.kv.timing"], "prompt_tokens": rec.note.prompt_tokens})
+            post_fact(rec.note.request_id, KvTransferFact(
+                connector="nixl", kv_bytes=kv_bytes, expected_bytes=expected, transfer_ms=transfer_ms,
+                wait_ms=wait_ms, timing=str(attrs["baton.kv.timing"]), prompt_tokens=rec.note.prompt_tokens))
 
     def _baton_held(self, note: _Note) -> None:
         done_ns = time.time_ns()

@@ -6,12 +6,12 @@ request through `_orchestrate`, the prefill side of the recovery ladder (`baton.
 retry prefill on another live replica, else prefill locally); the decode side (resume on another
 replica, or on the prefill pool's engine) is the gateway's. The prefill pool is a Serve application of
 its own (`baton.dataplane.app.build_prefill_app`), looked up by name. The server also records each KV
-handoff (the prefill blocks the decode engine pulls), the numbers the `dataplane.kv_handoff` span reports.
+handoff (the prefill blocks the decode engine pulls), the numbers the `dataplane.kv_handoff` span reports,
+as the request's `handoff` fact (`baton.core.contracts.HandoffFact`).
 """
 
 from __future__ import annotations
 
-import asyncio
 import collections
 import contextlib
 from collections.abc import AsyncGenerator
@@ -19,8 +19,9 @@ from typing import Any
 
 from ray.llm._internal.serve.serving_patterns.prefill_decode.pd_server import PDDecodeServer
 
+from baton.core.contracts import HandoffFact
 from baton.dataplane import tracing as dp_tracing
-from baton.dataplane.facts import record_fact
+from baton.dataplane.facts import spawn_fact
 
 MAX_RECORDED_HANDOFFS = 1024
 
@@ -76,9 +77,6 @@ def _count_blocks(block_ids: Any) -> int:
     if not block_ids:
         return 0
     return sum(_count_blocks(b) if isinstance(b, list | tuple) else 1 for b in block_ids)
-
-
-_background: set[asyncio.Task[None]] = set()
 
 
 class BatonPDDecodeServer(PDDecodeServer):
@@ -178,14 +176,9 @@ class BatonPDDecodeServer(PDDecodeServer):
         except Exception:
             return
 
-    def _baton_fact(self, rt: dp_tracing.RequestTrace, fact: dict[str, Any] | None) -> None:
-        if fact is not None and rt.request_id:
-            try:
-                task = asyncio.get_running_loop().create_task(record_fact(rt.request_id, "handoff", fact))
-            except RuntimeError:
-                return
-            _background.add(task)
-            task.add_done_callback(_background.discard)
+    def _baton_fact(self, rt: dp_tracing.RequestTrace, fact: HandoffFact | None) -> None:
+        if fact is not None:
+            spawn_fact(rt.request_id, fact)
 
     def _baton_shape(self) -> dp_tracing.ModelShape | None:
         if not hasattr(self, "_baton_shape_cache"):

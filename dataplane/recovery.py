@@ -2,11 +2,12 @@
 
 1. Remote prefill (Ray's flow: the prompt with ``max_tokens=1`` and the connector's
    ``kv_transfer_params`` to a prefill replica). A call that raises (the replica died: Ray actor
-   errors), answers with a server error, or does not answer within ``BATON_PREFILL_TIMEOUT_S`` is
-   retried, ``BATON_PREFILL_ATTEMPTS`` attempts in all with exponential backoff from
-   ``BATON_PREFILL_BACKOFF_S``; Ray Serve's router sends a retry to a live replica.
+   errors), answers with a server error, or does not answer within the policy's timeout is retried,
+   the policy's attempts in all with exponential backoff (:class:`~baton.core.contracts.PrefillPolicy`,
+   read from the replica's environment: :class:`~baton.core.contracts.ReplicaEnv`); Ray Serve's router
+   sends a retry to a live replica.
 2. Then the decode replica prefills locally (the request on its own engine without remote KV
-   params), unless ``BATON_LOCAL_PREFILL=0``.
+   params), unless the policy turns local prefill off.
 3. Then 503 (the gateway's own budget may retry the whole request).
 
 The rung is chosen from live health, never by waiting for Ray to replace a replica: the handle's
@@ -15,10 +16,14 @@ fails with the actor dead). With none alive the request goes to rung 2 at once (
 attempt, or instead of a retry); a retry after a timeout needs another live replica than the one
 that did not answer (with a single replica, the retry would wait on the same stalled engine).
 
-Each step taken is a ``recovery_steps`` entry (``prefill_retry``, ``local_prefill``), written as the
-request's data-plane fact for the gateway (:mod:`baton.dataplane.facts`). A client error from the
-prefill engine (4xx) is passed on at once: retrying cannot change it. Connectors that bind a peer
-before dispatch or hand off concurrently, and multiplexed (LoRA) requests, keep Ray's own flow.
+Each step taken is a :class:`~baton.core.contracts.RecoveryStep` (``prefill_retry``, ``local_prefill``),
+written as the request's ``recovery_steps`` fact for the gateway (:mod:`baton.dataplane.facts`) before the
+decode starts. What the ladder measured (each remote prefill call, the KV handoff from submitting the
+decode request to its first token, a local prefill) is the request's ``phases`` fact
+(:class:`~baton.core.contracts.PhasesFact`), written in the background once the first token is out or the
+ladder has given up: the console draws the request's waterfall from it. A client error from the prefill
+engine (4xx) is passed on at once: retrying cannot change it. Connectors that bind a peer before
+dispatch or hand off concurrently, and multiplexed (LoRA) requests, keep Ray's own flow (no phases).
 """
 
 from __future__ import annotations
@@ -26,62 +31,62 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import os
 import time
 from collections.abc import AsyncGenerator, Awaitable, Callable
-from dataclasses import dataclass
 from typing import Any
 
-from baton.dataplane.facts import record_fact
+from baton.core.contracts import (
+    PHASE_KV_HANDOFF,
+    PHASE_LOCAL_PREFILL,
+    PHASE_REMOTE_PREFILL,
+    REQUEST_ID_HEADER,
+    STEP_LOCAL_PREFILL,
+    STEP_PREFILL_RETRY,
+    Phase,
+    PhaseName,
+    PhaseOutcome,
+    PhasesFact,
+    PrefillPolicy,
+    RecoveryStep,
+    RecoveryStepsFact,
+    ReplicaEnv,
+    StepName,
+    StepOutcome,
+)
+from baton.dataplane.facts import record_fact, spawn_fact
 
 log = logging.getLogger(__name__)
 
-ENV_TIMEOUT = "BATON_PREFILL_TIMEOUT_S"
-ENV_ATTEMPTS = "BATON_PREFILL_ATTEMPTS"
-ENV_BACKOFF = "BATON_PREFILL_BACKOFF_S"
-ENV_LOCAL = "BATON_LOCAL_PREFILL"
 
+class LadderRecord:
+    """What the ladder did for one request: its recovery steps and its measured phases, timed from the
+    moment the decode server took the request up (``perf_counter`` and wall clock read together)."""
 
-@dataclass(frozen=True, slots=True)
-class PrefillPolicy:
-    timeout_s: float = 10.0
-    attempts: int = 3
-    backoff_s: float = 0.2
-    local_prefill: bool = True
-
-    @classmethod
-    def from_env(cls, env: dict[str, str] | None = None) -> PrefillPolicy:
-        e = os.environ if env is None else env
-        d = cls()
-
-        def num(name: str, default: float) -> float:
-            try:
-                return float(e.get(name, default))
-            except ValueError:
-                return default
-
-        return cls(timeout_s=max(num(ENV_TIMEOUT, d.timeout_s), 0.001),
-                   attempts=max(int(num(ENV_ATTEMPTS, d.attempts)), 1),
-                   backoff_s=max(num(ENV_BACKOFF, d.backoff_s), 0.0),
-                   local_prefill=e.get(ENV_LOCAL, "1").strip().lower() not in ("0", "false", "no"))
-
-    def delay(self, attempt: int) -> float:
-        """Wait before attempt ``attempt`` (2-based: the first retry waits ``backoff_s``)."""
-        return float(min(self.backoff_s * 2.0 ** (attempt - 2), 5.0))
-
-
-class Steps:
-    """The request's recovery steps, in the shared shape (see ``Outcome.step`` in the gateway)."""
-
-    def __init__(self) -> None:
+    def __init__(self, request_id: str | None) -> None:
+        self.request_id = request_id
         self.start = time.perf_counter()
-        self.items: list[dict[str, Any]] = []
+        self.received_unix = time.time()
+        self.items: list[RecoveryStep] = []
+        self.phases: list[Phase] = []
+        self._phases_posted = False
 
-    def add(self, name: str, started_pc: float, outcome: str, detail: str) -> None:
-        now = time.perf_counter()
-        self.items.append({"step": name, "at_ms": round((started_pc - self.start) * 1000, 3),
-                           "duration_ms": round((now - started_pc) * 1000, 3), "outcome": outcome,
-                           "detail": detail[:200]})
+    def add(self, name: StepName, started_pc: float, outcome: StepOutcome, detail: str) -> None:
+        self.items.append(RecoveryStep.timed(name, origin_pc=self.start, started_pc=started_pc,
+                                             now_pc=time.perf_counter(), outcome=outcome, detail=detail))
+
+    def phase(self, name: PhaseName, started_pc: float, outcome: PhaseOutcome = "ok", *,
+              attempt: int | None = None, detail: str = "") -> None:
+        self.phases.append(Phase(name, round((started_pc - self.start) * 1000, 3),
+                                 round((time.perf_counter() - started_pc) * 1000, 3), outcome, attempt, detail[:200]))
+
+    async def record_steps(self) -> None:
+        await record_fact(self.request_id, RecoveryStepsFact(tuple(self.items)))
+
+    def post_phases(self) -> None:
+        """Writes the phases fact once, in the background (never delays a token)."""
+        if not self._phases_posted and self.phases:
+            self._phases_posted = True
+            spawn_fact(self.request_id, PhasesFact(round(self.received_unix, 6), tuple(self.phases)))
 
 
 def _error_code(chunk: Any) -> int | None:
@@ -117,7 +122,7 @@ def live_replicas(handle: Any) -> int | None:
 
 def request_id_of(raw_request_info: Any) -> str | None:
     headers = getattr(raw_request_info, "headers", None) or {}
-    rid = headers.get("x-request-id") if isinstance(headers, dict) else None
+    rid = headers.get(REQUEST_ID_HEADER) if isinstance(headers, dict) else None
     if rid:
         return str(rid)
     try:
@@ -137,7 +142,6 @@ async def orchestrate(server: Any, request: Any, raw_request_info: Any,
     ``fallback``: Ray's own orchestration; ``local(method, request, raw)``: the decode engine's own
     ``chat``/``completions`` (LLMServer's request pipeline)."""
     from ray import serve
-    from ray.llm._internal.common.patches.vllm.tokenize_once import reuse_prompt_token_ids
     from ray.llm._internal.serve.core.configs.openai_api_models import ChatCompletionRequest, CompletionRequest
     from ray.serve._private.http_util import session_id_from_headers
 
@@ -147,7 +151,7 @@ async def orchestrate(server: Any, request: Any, raw_request_info: Any,
         async for chunk in fallback(request, raw_request_info):
             yield chunk
         return
-    policy = policy or PrefillPolicy.from_env()
+    policy = policy or ReplicaEnv.from_environ().prefill
     method = "chat" if isinstance(request, ChatCompletionRequest) else "completions"
     handle = server._prefill_handle
     if raw_request_info is not None:
@@ -155,7 +159,21 @@ async def orchestrate(server: Any, request: Any, raw_request_info: Any,
         if session_id:
             handle = handle.options(session_id=session_id)
     call = getattr(handle, method)
-    steps = Steps()
+    ladder = LadderRecord(request_id_of(raw_request_info))
+    try:
+        async with contextlib.aclosing(_ladder(server, request, raw_request_info, local=local, policy=policy,
+                                               method=method, call=call, ladder=ladder)) as chunks:
+            async for chunk in chunks:
+                yield chunk
+    finally:
+        ladder.post_phases()  # the ladder gave up, the client went away, or the stream ended without a token
+
+
+async def _ladder(server: Any, request: Any, raw_request_info: Any, *,
+                  local: Callable[[str, Any, Any], Awaitable[AsyncGenerator[Any, None]]], policy: PrefillPolicy,
+                  method: str, call: Any, ladder: LadderRecord) -> AsyncGenerator[Any, None]:
+    """The ladder itself: remote prefill attempts, then local decode on the KV; else local prefill; else 503."""
+    backend = server._get_connector_backend()
     prefill_chunk: Any = None
     why = ""
     if live_replicas(server._prefill_handle) == 0:
@@ -184,18 +202,21 @@ async def orchestrate(server: Any, request: Any, raw_request_info: Any,
             if chunk is not None and _is_error(chunk):
                 code = _error_code(chunk) or 500
                 if code < 500 and code != 429:  # the request itself is refused: the client's error
+                    ladder.phase(PHASE_REMOTE_PREFILL, t0, "failed", attempt=attempt,
+                                 detail=f"prefill refused the request ({code})")
                     if attempt > 1:
-                        steps.add("prefill_retry", t0, "failed", f"prefill refused the request ({code})")
-                        await record_fact(request_id_of(raw_request_info), "recovery_steps", steps.items)
+                        ladder.add(STEP_PREFILL_RETRY, t0, "failed", f"prefill refused the request ({code})")
+                        await ladder.record_steps()
                     yield chunk
                     return
                 why = f"prefill answered {code}"
                 chunk = None
             if chunk is None:
+                ladder.phase(PHASE_REMOTE_PREFILL, t0, "failed", attempt=attempt, detail=why)
                 with contextlib.suppress(Exception):
                     gen.cancel()
                 if attempt > 1:
-                    steps.add("prefill_retry", t0, "failed", f"attempt {attempt}: {why}")
+                    ladder.add(STEP_PREFILL_RETRY, t0, "failed", f"attempt {attempt}: {why}")
                 log.warning("prefill attempt %d/%d: %s", attempt, policy.attempts, why)
                 live = live_replicas(server._prefill_handle)
                 if live == 0:
@@ -205,24 +226,33 @@ async def orchestrate(server: Any, request: Any, raw_request_info: Any,
                     why += "; the only live prefill replica did not answer"
                     break
                 continue
+            ladder.phase(PHASE_REMOTE_PREFILL, t0, attempt=attempt)
             if attempt > 1:
-                steps.add("prefill_retry", t0, "recovered", f"attempt {attempt} answered after: {why}")
+                ladder.add(STEP_PREFILL_RETRY, t0, "recovered", f"attempt {attempt} answered after: {why}")
             prefill_chunk = chunk
             break
 
     if prefill_chunk is not None:
-        if steps.items:
-            await record_fact(request_id_of(raw_request_info), "recovery_steps", steps.items)
+        if ladder.items:
+            await ladder.record_steps()
+        from ray.llm._internal.common.patches.vllm.tokenize_once import reuse_prompt_token_ids
+
         decode_request = backend.prepare_decode_request(request=request, peer=None, prefill_response=prefill_chunk)
         with reuse_prompt_token_ids(server._decode_reuse_ids(prefill_chunk)):
+            t0 = time.perf_counter()
             local_gen = await local(method, decode_request, raw_request_info)
+            waiting = True
             async for out in local_gen:
+                if waiting:  # the decode engine pulled the KV and made its first token
+                    waiting = False
+                    ladder.phase(PHASE_KV_HANDOFF, t0, "failed" if _is_error(out) else "ok")
+                    ladder.post_phases()
                 yield out
         return
 
     if not policy.local_prefill:
-        steps.add("local_prefill", time.perf_counter(), "failed", "local prefill is off")
-        await record_fact(request_id_of(raw_request_info), "recovery_steps", steps.items)
+        ladder.add(STEP_LOCAL_PREFILL, time.perf_counter(), "failed", "local prefill is off")
+        await ladder.record_steps()
         yield unavailable("No prefill replica answered. Retry shortly.")
         return
     t0 = time.perf_counter()
@@ -230,13 +260,16 @@ async def orchestrate(server: Any, request: Any, raw_request_info: Any,
         local_gen = await local(method, request, raw_request_info)
         first = await local_gen.__anext__()
     except Exception as exc:
-        steps.add("local_prefill", t0, "failed", f"{why}; local prefill failed: {type(exc).__name__}")
-        await record_fact(request_id_of(raw_request_info), "recovery_steps", steps.items)
+        ladder.phase(PHASE_LOCAL_PREFILL, t0, "failed", detail=f"local prefill failed: {type(exc).__name__}")
+        ladder.add(STEP_LOCAL_PREFILL, t0, "failed", f"{why}; local prefill failed: {type(exc).__name__}")
+        await ladder.record_steps()
         yield unavailable("No prefill replica answered. Retry shortly.")
         return
     failed = _is_error(first)
-    steps.add("local_prefill", t0, "failed" if failed else "recovered", f"after: {why}")
-    await record_fact(request_id_of(raw_request_info), "recovery_steps", steps.items)
+    ladder.phase(PHASE_LOCAL_PREFILL, t0, "failed" if failed else "ok", detail=f"after: {why}")
+    ladder.add(STEP_LOCAL_PREFILL, t0, "failed" if failed else "recovered", f"after: {why}")
+    await ladder.record_steps()
+    ladder.post_phases()
     if failed:
         yield unavailable("No prefill replica answered. Retry shortly.")
         return

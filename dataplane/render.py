@@ -6,9 +6,9 @@ renderer. `baton.dataplane.app` turns the rendered dicts into Ray objects.
 
 from __future__ import annotations
 
-import math
 from typing import Any, Literal
 
+from baton.core.contracts import PrefillPolicy, ReplicaEnv, ReplicaTelemetry
 from baton.dataplane.nixl_progress import EXTRA_CONFIG_KEY as NIXL_PROGRESS_KEY
 from baton.dataplane.nixl_progress import IDLE_PAUSE_KEY as NIXL_IDLE_PAUSE_KEY
 from baton.dataplane.spec import DeploymentSpec, LMCacheTiers, ReplicaRange
@@ -31,7 +31,6 @@ CPU_NIXL_IDLE_STEP_PAUSE_MS = 1.0
 # Ray Serve LLM's variable naming the vLLM engine class of a replica, and Baton's engine class.
 RAY_ENGINE_CLS_ENV = "RAYLLM_VLLM_ENGINE_CLS"
 ENGINE_CLS_PATH = "baton.dataplane.engine:BatonVLLMEngine"
-ENGINE_EXECUTOR_ENV = "BATON_ENGINE_EXECUTOR"
 
 # Environment every CPU engine replica gets: keep every listener on loopback, never reach the hub.
 CPU_ENV: dict[str, str] = {
@@ -45,20 +44,13 @@ CPU_ENV: dict[str, str] = {
     # all to the same core list.
     "VLLM_CPU_OMP_THREADS_BIND": "nobind",
     "VLLM_ENABLE_V1_MULTIPROCESSING": "1",
-    # A single-rank engine runs its model inside the engine-core process (`baton.dataplane.engine`): no
-    # worker process, and no shared-memory queue between the two whose readers spin on sched_yield()
-    # for a second after every message.
-    ENGINE_EXECUTOR_ENV: "uni",
     # OpenMP threads sleep when a parallel region ends instead of spinning for the next one.
     "OMP_WAIT_POLICY": "PASSIVE",
 }
-# The prefill side of the recovery ladder (`baton.dataplane.recovery`); a spec's `env` overrides them.
-RECOVERY_ENV: dict[str, str] = {
-    "BATON_PREFILL_TIMEOUT_S": "10",
-    "BATON_PREFILL_ATTEMPTS": "3",
-    "BATON_PREFILL_BACKOFF_S": "0.2",
-    "BATON_LOCAL_PREFILL": "1",
-}
+# A single-rank CPU engine runs its model inside the engine-core process (`baton.dataplane.engine`): no
+# worker process, and no shared-memory queue between the two whose readers spin on sched_yield() for a
+# second after every message.
+CPU_ENGINE_EXECUTOR = "uni"
 # KV that fails to load (missing or partial blocks) is recomputed, never decoded on (vLLM's default: fail).
 KV_LOAD_FAILURE_POLICY = "recompute"
 GPU_ENV: dict[str, str] = {
@@ -173,38 +165,35 @@ def render_serve_config(
 
 
 def engine_env(spec: DeploymentSpec) -> dict[str, str]:
-    """Environment variables of an engine replica under the spec's device profile."""
+    """Environment variables of an engine replica under the spec's device profile; a spec's ``env``
+    overrides them."""
     env = dict(CPU_ENV if spec.device == "cpu" else GPU_ENV)
     env[RAY_ENGINE_CLS_ENV] = ENGINE_CLS_PATH
     if spec.device == "cpu":
         gib = kv_cache_space_gib(spec)
         if float(gib).is_integer():
             env["VLLM_CPU_KVCACHE_SPACE"] = str(int(gib))
-    env.update(telemetry_env(spec))
-    env.update(RECOVERY_ENV)
+    env.update(replica_env(spec).to_environ())
+    if spec.telemetry.otlp_endpoint:
+        # vLLM itself also exports its request spans (`otlp_traces_endpoint`) over OTLP/HTTP, as children
+        # of the `traceparent` the decode server passes on.
+        env["OTEL_EXPORTER_OTLP_TRACES_PROTOCOL"] = "http/protobuf"
+        env["OTEL_SERVICE_NAME"] = f"baton-engine-{spec.name}"
     env.update(spec.env)
     return env
 
 
-def telemetry_env(spec: DeploymentSpec) -> dict[str, str]:
-    """Tracing and facts settings of the replicas (read by `baton.dataplane.tracing` and `.facts`).
-
-    With an OTLP endpoint, vLLM itself also exports its request spans (`otlp_traces_endpoint`) over
-    OTLP/HTTP, as children of the `traceparent` the decode server passes on."""
+def replica_env(spec: DeploymentSpec) -> ReplicaEnv:
+    """What Baton's code in the replicas reads (tracing, facts, the prefill ladder, the engine executor)."""
     tel = spec.telemetry
-    env = {
-        "BATON_TELEMETRY__ENABLED": "true" if tel.enabled else "false",
-        "BATON_TELEMETRY__LINK_BANDWIDTH_GBPS": repr(tel.link_bandwidth_gbps),
-        "BATON_TELEMETRY__SERVICE_NAME": f"baton-dataplane-{spec.name}",
-    }
-    if tel.otlp_endpoint:
-        env["BATON_TELEMETRY__OTLP_ENDPOINT"] = tel.otlp_endpoint
-        env["OTEL_EXPORTER_OTLP_TRACES_PROTOCOL"] = "http/protobuf"
-        env["OTEL_SERVICE_NAME"] = f"baton-engine-{spec.name}"  # vLLM's own request spans
-    redis_url = tel.facts_redis_url or (spec.kv.lmcache.redis_url if spec.kv.lmcache else None)
-    if redis_url:
-        env["BATON_DATAPLANE_REDIS_URL"] = redis_url
-    return env
+    return ReplicaEnv(
+        facts_redis_url=tel.facts_redis_url or (spec.kv.lmcache.redis_url if spec.kv.lmcache else None),
+        prefill=PrefillPolicy(),
+        engine_executor=CPU_ENGINE_EXECUTOR if spec.device == "cpu" else None,
+        telemetry=ReplicaTelemetry(enabled=tel.enabled, otlp_endpoint=tel.otlp_endpoint,
+                                   service_name=f"baton-dataplane-{spec.name}",
+                                   link_bandwidth_gbps=tel.link_bandwidth_gbps),
+    )
 
 
 def nixl_progress_wakeup_ms(spec: DeploymentSpec) -> float:
@@ -238,6 +227,10 @@ def engine_kwargs(spec: DeploymentSpec, role: Role) -> dict[str, Any]:
         "tensor_parallel_size": e.tensor_parallel_size,
         "seed": e.seed,
         "trust_remote_code": False,
+        # usage.prompt_tokens_details.cached_tokens, the figure usage records bill on; under P/D vLLM's
+        # decode engine reports the prefill engine's reuse (kv_transfer_params.remote_prefill_cached_tokens),
+        # not the prompt it received over NIXL
+        "enable_prompt_tokens_details": True,
     }
     if e.max_num_batched_tokens is not None:
         kwargs["max_num_batched_tokens"] = e.max_num_batched_tokens
@@ -366,28 +359,3 @@ def render_llm_config(spec: DeploymentSpec, role: Role) -> dict[str, Any]:
             "strategy": "STRICT_PACK",
         }
     return cfg
-
-
-def kv_bytes_per_token(*, num_layers: int, num_kv_heads: int, head_dim: int, dtype_bytes: int) -> int:
-    """The seed's KV-size formula, per token: 2 x layers x kv_heads x head_dim x bytes."""
-    return 2 * num_layers * num_kv_heads * head_dim * dtype_bytes
-
-
-def kv_bytes_block_rounded(
-    tokens: int,
-    *,
-    num_layers: int,
-    num_kv_heads: int,
-    head_dim: int,
-    dtype_bytes: int,
-    block_size: int = 128,
-) -> int:
-    """KV bytes of `tokens` tokens when the KV moves as whole blocks of `block_size` tokens."""
-    blocks = math.ceil(tokens / block_size)
-    return (
-        blocks
-        * block_size
-        * kv_bytes_per_token(
-            num_layers=num_layers, num_kv_heads=num_kv_heads, head_dim=head_dim, dtype_bytes=dtype_bytes
-        )
-    )

@@ -23,6 +23,7 @@ from pathlib import Path
 import numpy as np
 import numpy.typing as npt
 
+from baton.core.contracts import kv_bytes
 from baton.dataplane._tiny_corpus import corpus_lines
 
 SPECIAL_TOKENS = (
@@ -65,8 +66,9 @@ class TinyModelShape:
     units, i.e. peaked attention (0.02 would make attention uniform)."""
 
     def kv_bytes_per_token(self, dtype_bytes: int = 4) -> int:
-        """KV-size formula: 2 x layers x kv_heads x head_dim x bytes, per token."""
-        return 2 * self.num_hidden_layers * self.num_key_value_heads * self.head_dim * dtype_bytes
+        """KV bytes per token (:func:`baton.core.contracts.kv_bytes`)."""
+        return kv_bytes(num_layers=self.num_hidden_layers, num_kv_heads=self.num_key_value_heads,
+                        head_dim=self.head_dim, bytes_per_element=dtype_bytes)
 
 
 DEFAULT_SHAPE = TinyModelShape()

@@ -28,7 +28,6 @@ from __future__ import annotations
 import contextvars
 import json
 import logging
-import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -38,6 +37,7 @@ from opentelemetry import trace
 from opentelemetry.trace import SpanKind, Status, StatusCode
 
 from baton.core import telemetry as t
+from baton.core.contracts import HandoffFact, ReplicaEnv, dtype_bytes, kv_bytes
 from baton.core.settings import TelemetrySettings
 
 log = logging.getLogger(__name__)
@@ -47,33 +47,24 @@ TRACEPARENT_PARAM = "baton.traceparent"
 #: the time between the gateway and the decode server's first step is measurable.
 ATTR_RECEIVED = "baton.server.received_unix_nano"
 REQUEST_ID_PARAM = "baton.request_id"
-_DTYPE_BYTES = {"float32": 4, "float": 4, "float16": 2, "half": 2, "bfloat16": 2, "fp8": 1, "float8": 1}
 
 _tracing: t.Tracing | None = None
 
 
 def tracing_from_env() -> t.Tracing:
-    """This process's tracing, from ``BATON_TELEMETRY__*`` (built once)."""
+    """This process's tracing, from the replica's environment (:class:`~baton.core.contracts.ReplicaEnv`;
+    built once)."""
     global _tracing  # one provider per replica process
     if _tracing is None:
-        env = os.environ
-        settings = TelemetrySettings(
-            enabled=env.get("BATON_TELEMETRY__ENABLED", "true").lower() not in ("0", "false", "no", "off"),
-            otlp_endpoint=env.get("BATON_TELEMETRY__OTLP_ENDPOINT") or None,
-            service_name=env.get("BATON_TELEMETRY__SERVICE_NAME", "baton-dataplane"),
-            link_bandwidth_gbps=float(env.get("BATON_TELEMETRY__LINK_BANDWIDTH_GBPS", "1.9")),
-        )
+        tel = ReplicaEnv.from_environ().telemetry
+        settings = TelemetrySettings(enabled=tel.enabled, otlp_endpoint=tel.otlp_endpoint,
+                                     service_name=tel.service_name, link_bandwidth_gbps=tel.link_bandwidth_gbps)
         _tracing = t.setup_tracing(settings)
     return _tracing
 
 
-def dtype_bytes(dtype: str) -> int:
-    """Bytes per KV element for a dtype name (``float16``, ``torch.bfloat16``, ...); 4 when unknown."""
-    return _DTYPE_BYTES.get(dtype.removeprefix("torch."), 4)
-
-
 def link_bandwidth_gbps() -> float:
-    return float(os.environ.get("BATON_TELEMETRY__LINK_BANDWIDTH_GBPS", "1.9"))
+    return ReplicaEnv.from_environ().telemetry.link_bandwidth_gbps
 
 
 @dataclass(frozen=True)
@@ -86,17 +77,18 @@ class ModelShape:
 
     @property
     def bytes_per_token(self) -> int:
-        return t.kv_bytes(num_layers=self.num_layers, num_kv_heads=self.num_kv_heads, head_dim=self.head_dim,
-                          tokens=1, bytes_per_element=self.dtype_bytes)
+        return kv_bytes(num_layers=self.num_layers, num_kv_heads=self.num_kv_heads, head_dim=self.head_dim,
+                        bytes_per_element=self.dtype_bytes)
 
 
 def model_shape(model_path: str, *, dtype: str | None, block_size: int) -> ModelShape | None:
-    """The KV shape from a Hugging Face ``config.json`` (None when unreadable)."""
+    """The KV shape from a Hugging Face ``config.json`` (None when unreadable, or its dtype unknown).
+    ``dtype``: the engine's (``auto`` or None: the model's own)."""
     try:
         cfg = json.loads((Path(model_path) / "config.json").read_text())
         heads = int(cfg["num_attention_heads"])
         head_dim = int(cfg.get("head_dim") or int(cfg["hidden_size"]) // heads)
-        dt = str(dtype or cfg.get("torch_dtype") or "float32").removeprefix("torch.")
+        dt = dtype if dtype and dtype != "auto" else str(cfg.get("torch_dtype") or "float32")
         return ModelShape(int(cfg["num_hidden_layers"]), int(cfg.get("num_key_value_heads") or heads), head_dim,
                           dtype_bytes(dt), block_size)
     except (OSError, KeyError, TypeError, ValueError):
@@ -189,7 +181,7 @@ class RequestTrace:
         if usage is not None:
             self.output_tokens = usage
 
-    def finish(self, shape: ModelShape | None, error: BaseException | None = None) -> dict[str, Any] | None:
+    def finish(self, shape: ModelShape | None, error: BaseException | None = None) -> HandoffFact | None:
         """Ends the handoff and decode spans; returns the ``handoff`` fact for the gateway."""
         if self.prefill is not None:
             self.prefill.set_status(Status(StatusCode.ERROR, "prefill did not answer"))
@@ -223,14 +215,14 @@ class RequestTrace:
         self.decode = None
         return fact
 
-    def first_token(self, shape: ModelShape | None) -> dict[str, Any] | None:
+    def first_token(self, shape: ModelShape | None) -> HandoffFact | None:
         """At the decode engine's first token: the ``dataplane.kv_handoff`` span and the ``handoff`` fact."""
         if self.handoff_done or self.first_pc is None or self.decode is None:
             return None
         self.handoff_done = True
         return self._handoff_span(shape, self.handoff or {})
 
-    def _handoff_span(self, shape: ModelShape | None, handoff: dict[str, Any]) -> dict[str, Any]:
+    def _handoff_span(self, shape: ModelShape | None, handoff: dict[str, Any]) -> HandoffFact:
         assert self.first_pc is not None
         ms = (self.first_pc - self.decode_start_pc) * 1000
         prompt = handoff.get("prompt_tokens")
@@ -257,8 +249,9 @@ class RequestTrace:
         span.set_attributes(attrs)
         span.end(end_time=self.first_ns)
         self.handoff_span = None
-        return {"connector": attrs["baton.kv.connector"], "kv_bytes": moved, "expected_bytes": expected,
-                "transfer_ms": ms, "transfer_ms_kind": "upper_bound_to_first_token", "prompt_tokens": prompt}
+        return HandoffFact(connector=str(attrs["baton.kv.connector"]), kv_bytes=moved, expected_bytes=expected,
+                           transfer_ms=ms, transfer_ms_kind="upper_bound_to_first_token",
+                           prompt_tokens=int(prompt) if prompt is not None else None)
 
 
 #: The request the decode server is handling in this task (the backend hooks read it).

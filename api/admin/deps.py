@@ -1,66 +1,63 @@
 """What admin routes depend on: the wiring (:class:`AdminContext`), the admin principal, ETags, paging.
 
-The app that mounts the router puts an :class:`AdminContext` on ``app.state.admin`` (or just
-``app.state.settings`` and ``app.state.db``, from which one is built on first use).
+The app's lifespan puts its composition root on ``app.state.services``
+(:class:`baton.api.services.AppServices`); tests may put an :class:`AdminContext` on ``app.state.admin``.
 """
 
 from __future__ import annotations
 
 import hmac
 import uuid
-from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 from fastapi import Depends, Query, Request, Response
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
-from baton.control.keys import KeyService, RedisKeyEvents, publish_invalidation
+from baton.control.keys import InvalidationKind, KeyService
+from baton.control.services import ControlPlane
 from baton.core import errors
 from baton.core.db import Database
 from baton.core.secrets import ADMIN_PREFIX, KEY_PREFIX, hash_secret
 from baton.core.settings import Settings
 
+if TYPE_CHECKING:
+    from baton.api.services import AppServices
+
 
 @dataclass
 class AdminContext:
-    """Everything the admin routes use, built once at start-up."""
+    """What the admin routes use: the process's :class:`~baton.control.services.ControlPlane`."""
 
     settings: Settings
     db: Database
-    keys: KeyService
-    #: Enqueues a reconcile (after a committed change); never raises.
-    trigger_reconcile: Callable[[str], None]
-    #: Tells every gateway to forget what it caches about a tenant (kind "tenant") or a key ("key").
-    invalidate: Callable[[str, uuid.UUID | None], None]
+    control: ControlPlane
     extra: dict[str, Any] = field(default_factory=dict)
 
     @classmethod
-    def from_settings(cls, settings: Settings, db: Database) -> AdminContext:
-        import redis
+    def of(cls, services: AppServices) -> AdminContext:
+        return cls(settings=services.settings, db=services.db, control=services.control)
 
-        from baton.control.celery_app import reconcile_trigger
+    @property
+    def keys(self) -> KeyService:
+        return self.control.keys
 
-        r = redis.Redis.from_url(settings.redis.url, socket_timeout=2, socket_connect_timeout=2)
+    def trigger_reconcile(self, reason: str) -> None:
+        self.control.notify.reconcile(reason)
 
-        def invalidate(kind: str, id_: uuid.UUID | None) -> None:
-            publish_invalidation(r, kind, id_)  # type: ignore[arg-type,unused-ignore]
-
-        return cls(
-            settings=settings, db=db, keys=KeyService(db, settings, events=RedisKeyEvents(r)),
-            trigger_reconcile=reconcile_trigger(settings), invalidate=invalidate,
-        )
+    def invalidate(self, kind: InvalidationKind, id_: uuid.UUID | None) -> None:
+        self.control.notify.invalidate(kind, id_)
 
 
 def get_context(request: Request) -> AdminContext:
+    """``app.state.admin``, else the one made from ``app.state.services`` (the lifespan's composition root)."""
     state = request.app.state
     ctx = getattr(state, "admin", None)
     if ctx is None:
-        settings = getattr(state, "settings", None)
-        db = getattr(state, "db", None)
-        if settings is None or db is None:
-            raise errors.ConfigurationError("The admin API is not wired (app.state.admin).")
-        ctx = AdminContext.from_settings(settings, db)
+        services = getattr(state, "services", None)
+        if services is None:
+            raise errors.ConfigurationError("The admin API is not wired (app.state.services).")
+        ctx = AdminContext.of(services)
         state.admin = ctx
     assert isinstance(ctx, AdminContext)
     return ctx

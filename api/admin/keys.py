@@ -1,5 +1,5 @@
-"""API keys issued on behalf of a tenant (through :class:`baton.control.keys.KeyService`), and the
-admin tokens that open this API."""
+"""API keys issued on behalf of a tenant (:class:`baton.control.keys.KeyService`), and the admin tokens
+that open this API (:class:`baton.control.tenancy.Tenancy`)."""
 
 from __future__ import annotations
 
@@ -8,13 +8,11 @@ import uuid
 from typing import Annotated
 
 from fastapi import APIRouter, Query, Response, status
-from sqlalchemy import select
 
-from baton.control.keys import ApiKeyView
-from baton.core import models as m
-from baton.core.secrets import ADMIN_PREFIX, hash_secret, new_secret, visible_prefix
+from baton.control.keys import ApiKeyView, IssuedKey
+from baton.control.tenancy import AdminTokenView
 
-from ._common import audit
+from ._common import actor
 from .deps import Admin, Ctx
 from .problems import ProblemRoute
 from .schemas import AdminTokenCreate, AdminTokenIssued, AdminTokenPublic, KeyCreate, KeyIssued, KeyPublic, KeyRotate
@@ -30,19 +28,20 @@ def _public(view: ApiKeyView) -> KeyPublic:
     )
 
 
+def _issued(issued: IssuedKey) -> KeyIssued:
+    return KeyIssued(key=_public(issued.key), secret=issued.secret)
+
+
 @router.post("/tenants/{tenant_id}/keys", status_code=status.HTTP_201_CREATED, response_model=KeyIssued)
 def issue_key(*, tenant_id: uuid.UUID, body: KeyCreate, ctx: Ctx, who: Admin) -> KeyIssued:
     """Issues a key for the tenant. The secret is in this response only."""
-    issued = ctx.keys.issue(tenant_id=tenant_id, name=body.name, created_by=who.actor,
-                            model_scope=body.model_scope, expires_at=body.expires_at)
-    return KeyIssued(key=_public(issued.key), secret=issued.secret)
+    return _issued(ctx.keys.issue(tenant_id=tenant_id, name=body.name, created_by=who.actor,
+                                  model_scope=body.model_scope, expires_at=body.expires_at))
 
 
 @router.get("/tenants/{tenant_id}/keys", response_model=list[KeyPublic])
 def list_keys(*, tenant_id: uuid.UUID, ctx: Ctx, who: Admin,
               include_revoked: Annotated[bool, Query()] = False) -> list[KeyPublic]:
-    with ctx.db.system() as uow:
-        uow.tenants.require(tenant_id)
     return [_public(v) for v in ctx.keys.list(tenant_id=tenant_id, include_revoked=include_revoked)]
 
 
@@ -61,39 +60,28 @@ def rotate_key(*, tenant_id: uuid.UUID, key_id: uuid.UUID, ctx: Ctx, who: Admin,
                body: KeyRotate | None = None) -> KeyIssued:
     """A successor key; the old one keeps working for ``overlap_s`` seconds."""
     overlap = dt.timedelta(seconds=(body or KeyRotate()).overlap_s)
-    issued = ctx.keys.rotate(tenant_id=tenant_id, key_id=key_id, actor=who.actor, overlap=overlap)
-    return KeyIssued(key=_public(issued.key), secret=issued.secret)
+    return _issued(ctx.keys.rotate(tenant_id=tenant_id, key_id=key_id, actor=who.actor, overlap=overlap))
 
 
 # --- admin tokens -----------------------------------------------------------------------------------
 
+def _token(v: AdminTokenView) -> AdminTokenPublic:
+    return AdminTokenPublic.model_validate(v)
+
+
 @router.post("/admin-tokens", status_code=status.HTTP_201_CREATED, response_model=AdminTokenIssued,
              tags=["admin tokens"])
 def create_admin_token(*, body: AdminTokenCreate, ctx: Ctx, who: Admin) -> AdminTokenIssued:
-    secret = new_secret(ADMIN_PREFIX)
-    digest = hash_secret(ctx.settings.security.key_secret.get_secret_value(), secret)
-    with ctx.db.system() as uow:
-        row = uow.admin_tokens.add(m.AdminToken(name=body.name, prefix=visible_prefix(secret), token_hash=digest))
-        audit(uow, who, "admin_token.create", "admin_token", row.id, after=row)
-        uow.commit()
-        return AdminTokenIssued(token=AdminTokenPublic.model_validate(row), secret=secret)
+    issued = ctx.control.tenancy.create_admin_token(actor(who), body.name)
+    return AdminTokenIssued(token=_token(issued.token), secret=issued.secret)
 
 
 @router.get("/admin-tokens", response_model=list[AdminTokenPublic], tags=["admin tokens"])
 def list_admin_tokens(*, ctx: Ctx, who: Admin) -> list[AdminTokenPublic]:
-    with ctx.db.system() as uow:
-        rows = uow.admin_tokens.scalars(select(m.AdminToken).order_by(m.AdminToken.name))
-        return [AdminTokenPublic.model_validate(r) for r in rows]
+    return [_token(v) for v in ctx.control.tenancy.list_admin_tokens()]
 
 
 @router.delete("/admin-tokens/{token_id}", status_code=status.HTTP_204_NO_CONTENT, tags=["admin tokens"])
 def revoke_admin_token(*, token_id: uuid.UUID, ctx: Ctx, who: Admin) -> Response:
-    with ctx.db.system() as uow:
-        row = uow.admin_tokens.require(token_id)
-        if row.revoked_at is None:
-            before = AdminTokenPublic.model_validate(row).model_dump(mode="json")
-            row.revoked_at = dt.datetime.now(dt.UTC)
-            uow.flush()
-            audit(uow, who, "admin_token.revoke", "admin_token", row.id, before=before, after=row)
-            uow.commit()
+    ctx.control.tenancy.revoke_admin_token(actor(who), token_id)
     return Response(status_code=status.HTTP_204_NO_CONTENT)

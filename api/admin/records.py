@@ -7,7 +7,6 @@ import uuid
 from typing import Annotated
 
 from fastapi import APIRouter, Query
-from sqlalchemy import select
 
 from baton.core import models as m
 
@@ -41,18 +40,9 @@ def list_usage_daily(*,
     until: Annotated[dt.date | None, Query(description="Until this UTC day (exclusive).")] = None,
 ) -> Page[UsageDailyPublic]:
     """Usage rolled up per tenant, day and model (kept current by the roll-up job)."""
-    u = m.UsageDaily
-    stmt = select(u).order_by(u.day.desc(), u.tenant_id, u.model)
-    if tenant_id is not None:
-        stmt = stmt.where(u.tenant_id == tenant_id)
-    if model is not None:
-        stmt = stmt.where(u.model == model)
-    if since is not None:
-        stmt = stmt.where(u.day >= since)
-    if until is not None:
-        stmt = stmt.where(u.day < until)
     with ctx.db.system() as uow:
-        rows, total = uow.usage.page(stmt, limit=paging.limit, offset=paging.offset)  # type: ignore[arg-type,unused-ignore]
+        rows, total = uow.usage.daily_page(tenant_id=tenant_id, model=model, since=since, until=until,
+                                           limit=paging.limit, offset=paging.offset)
         data = [UsageDailyPublic.model_validate(r) for r in rows]
     return Page(data=data, count=total, limit=paging.limit, offset=paging.offset)
 
@@ -66,11 +56,8 @@ def list_requests(
 ) -> Page[RequestPublic]:
     """Request records (timings, KV handoff, recovery steps, trace id), newest first."""
     with ctx.db.system() as uow:
-        stmt = uow.requests.query(tenant_id=tenant_id, model=model, status=status, since=since)
-        if deployment is not None:
-            stmt = stmt.where(m.RequestRecord.deployment == deployment)
-        if trace_id is not None:
-            stmt = stmt.where(m.RequestRecord.trace_id == trace_id)
+        stmt = uow.requests.query(tenant_id=tenant_id, model=model, status=status, since=since,
+                                  deployment=deployment, trace_id=trace_id)
         rows, total = uow.requests.page(stmt, limit=paging.limit, offset=paging.offset)
         data = [RequestPublic.model_validate(r) for r in rows]
     return Page(data=data, count=total, limit=paging.limit, offset=paging.offset)
@@ -84,16 +71,13 @@ def list_audit(*,
     actor: Annotated[str | None, Query(max_length=200)] = None,
     action: Annotated[str | None, Query(max_length=100)] = None,
 ) -> Page[AuditPublic]:
+    """Every change, newest first, with its target and tenant named (one look-up for the page)."""
     with ctx.db.system() as uow:
-        stmt = uow.audit.query(target_type=target_type, tenant_id=tenant_id)
-        if target_id is not None:
-            stmt = stmt.where(m.AuditLog.target_id == target_id)
-        if actor is not None:
-            stmt = stmt.where(m.AuditLog.actor == actor)
-        if action is not None:
-            stmt = stmt.where(m.AuditLog.action == action)
+        stmt = uow.audit.query(target_type=target_type, tenant_id=tenant_id, target_id=target_id, actor=actor,
+                               action=action)
         rows, total = uow.audit.page(stmt, limit=paging.limit, offset=paging.offset)
-        data = [AuditPublic.model_validate(r) for r in rows]
+        data = [AuditPublic.model_validate(r).model_copy(update={"target_name": target, "tenant_name": tenant})
+                for r, (target, tenant) in zip(rows, uow.audit.names(rows), strict=True)]
     return Page(data=data, count=total, limit=paging.limit, offset=paging.offset)
 
 
@@ -102,12 +86,9 @@ def list_jobs(*,
     ctx: Ctx, who: Admin, paging: Paging, kind: Annotated[str | None, Query(max_length=64)] = None,
     status: Annotated[m.JobStatus | None, Query()] = None,
 ) -> Page[JobPublic]:
-    stmt = select(m.Job).order_by(m.Job.created_at.desc(), m.Job.id)
-    if kind is not None:
-        stmt = stmt.where(m.Job.kind == kind)
-    if status is not None:
-        stmt = stmt.where(m.Job.status == status)
+    """Background jobs (reconciles, roll-ups, key expiry), newest first."""
     with ctx.db.system() as uow:
-        rows, total = uow.jobs.page(stmt, limit=paging.limit, offset=paging.offset)
+        rows, total = uow.jobs.page(uow.jobs.query(kind=kind, status=status), limit=paging.limit,
+                                    offset=paging.offset)
         data = [JobPublic.model_validate(r) for r in rows]
     return Page(data=data, count=total, limit=paging.limit, offset=paging.offset)

@@ -361,7 +361,10 @@ class AuditPublic(_Out):
     action: str
     target_type: str
     target_id: str | None
+    target_name: str | None = Field(None, description="The target's name today (or as the entry recorded it, "
+                                                      "if it is gone).")
     tenant_id: uuid.UUID | None
+    tenant_name: str | None = Field(None, description="The tenant's name today.")
     before: dict[str, Any] | None
     after: dict[str, Any] | None
     request_id: str | None
@@ -399,3 +402,29 @@ class AdminTokenPublic(_Out):
 class AdminTokenIssued(_Out):
     token: AdminTokenPublic
     secret: str = Field(description="The token itself. Shown once; Baton keeps only its hash.")
+
+
+# --- access requests --------------------------------------------------------------------------------
+
+class AccessRequestPublic(_Out):
+    id: uuid.UUID
+    tenant_id: uuid.UUID
+    tenant_name: str | None = None
+    model_id: uuid.UUID | None = Field(description="The model asked for; null: any model, the operator chooses.")
+    model: str | None = None
+    note: str | None
+    state: Literal["pending", "approved", "declined"]
+    requested_by: str
+    requested_at: dt.datetime
+    resolved_at: dt.datetime | None
+    resolved_by: str | None
+    reason: str | None
+
+
+class AccessApprove(_In):
+    model_id: uuid.UUID | None = Field(
+        None, description="The model to grant: required for a request for any model; else the requested one.")
+
+
+class AccessDecline(_In):
+    reason: str | None = Field(None, max_length=1000, description="Shown to the organisation.")

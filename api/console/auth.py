@@ -18,8 +18,10 @@ import secrets
 import threading
 import time
 import uuid
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
+from urllib.parse import urlsplit
 
 from argon2 import PasswordHasher
 from argon2.exceptions import InvalidHashError, VerificationError, VerifyMismatchError
@@ -155,8 +157,11 @@ class SessionService:
                 return None
             if user.tenant_id is not None:
                 tenant = uow.tenants.get(user.tenant_id)
-                if tenant is None or tenant.status is not m.TenantStatus.ACTIVE:
+                if tenant is None:
                     return None
+                if tenant.status is not m.TenantStatus.ACTIVE:
+                    # a signed-in user of a suspended organisation is told why, not sent to sign in again
+                    raise errors.PermissionDeniedError("This organisation is suspended; contact the operators.")
             return ConsoleUser(session_id=row.id, user_id=user.id, email=user.email, role=m.UserRole(user.role),
                                tenant_id=user.tenant_id, csrf_token=row.csrf_token)
 
@@ -166,6 +171,43 @@ class SessionService:
         with self._db.system() as uow:
             uow.console_sessions.end(self.token_hash(token))
             uow.commit()
+
+
+_DEFAULT_PORTS = {"http": 80, "https": 443}
+
+
+def _origin_key(value: str) -> tuple[str, str, int | None] | None:
+    """``(scheme, host, port)`` of an origin or URL, the port made explicit; None if it is not one."""
+    try:
+        parts = urlsplit(value.strip())
+        port = parts.port
+    except ValueError:
+        return None
+    scheme, host = parts.scheme.lower(), (parts.hostname or "").lower()
+    if scheme not in _DEFAULT_PORTS or not host:
+        return None
+    return scheme, host, port or _DEFAULT_PORTS[scheme]
+
+
+def origin_allowed(origin: str | None, *, own: str, allowed: Sequence[str] = ()) -> bool:
+    """Whether a request that names ``origin`` (its ``Origin`` header) may sign in or sign up.
+
+    No header: yes (browsers send one on every cross-site POST; other clients need not). Otherwise it
+    must be the console's own origin ``own`` (``scheme://host[:port]`` of the request) or one of
+    ``allowed`` (``console.allowed_origins``); ``null`` (a sandboxed or privacy-stripped context) is not.
+    """
+    if origin is None:
+        return True
+    key = _origin_key(origin)
+    if key is None:
+        return False
+    return key == _origin_key(own) or any(key == _origin_key(a) for a in allowed)
+
+
+def check_origin(origin: str | None, *, own: str, allowed: Sequence[str] = ()) -> None:
+    if not origin_allowed(origin, own=own, allowed=allowed):
+        raise errors.PermissionDeniedError(
+            "Sign-in and sign-up are accepted only from the console's own pages.")
 
 
 def check_csrf(user: ConsoleUser, header_value: str | None) -> None:

@@ -1,18 +1,23 @@
-"""The console's wiring: built once from the settings and the database, kept on ``app.state.console``."""
+"""The console's wiring: the control plane, sessions and the login throttle, made from the process's
+composition root (``app.state.services``) and kept on ``app.state.console``."""
 
 from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from fastapi import Request
 
 from baton.api.console.auth import LoginThrottle, SessionService
-from baton.control.keys import KeyEvents, KeyService, RedisKeyEvents
+from baton.control.keys import KeyService
+from baton.control.services import ControlPlane
 from baton.core import errors
 from baton.core.db import Database
 from baton.core.settings import Settings
+
+if TYPE_CHECKING:
+    from baton.api.services import AppServices
 
 log = logging.getLogger(__name__)
 
@@ -21,39 +26,35 @@ log = logging.getLogger(__name__)
 class ConsoleContext:
     settings: Settings
     db: Database
+    control: ControlPlane
     sessions: SessionService
-    keys: KeyService
     throttle: LoginThrottle
     redis: Any | None = None
     extra: dict[str, Any] = field(default_factory=dict)
 
-    @classmethod
-    def from_settings(cls, settings: Settings, db: Database, *, redis_client: Any | None = None,
-                      key_events: KeyEvents | None = None) -> ConsoleContext:
-        if redis_client is None:
-            import redis
+    @property
+    def keys(self) -> KeyService:
+        return self.control.keys
 
-            redis_client = redis.Redis.from_url(settings.redis.url, socket_timeout=2, socket_connect_timeout=2)
-        events = key_events or RedisKeyEvents(redis_client)
+    @classmethod
+    def of(cls, services: AppServices) -> ConsoleContext:
+        s = services.settings
         return cls(
-            settings=settings, db=db,
-            sessions=SessionService(db, settings.security.session_secret.get_secret_value()),
-            keys=KeyService(db, settings, events=events),
-            throttle=LoginThrottle(redis_client),
-            redis=redis_client,
+            settings=s, db=services.db, control=services.control,
+            sessions=SessionService(services.db, s.security.session_secret.get_secret_value()),
+            throttle=LoginThrottle(services.redis), redis=services.redis,
         )
 
 
 def get_context(request: Request) -> ConsoleContext:
-    """``app.state.console``, or one built on first use from ``app.state.settings`` and ``app.state.db``."""
+    """``app.state.console``, else the one made from ``app.state.services``."""
     state = request.app.state
     ctx = getattr(state, "console", None)
     if ctx is None:
-        settings = getattr(state, "settings", None)
-        db = getattr(state, "db", None)
-        if settings is None or db is None:
-            raise errors.ConfigurationError("The console is not wired (app.state.console).")
-        ctx = ConsoleContext.from_settings(settings, db)
+        services = getattr(state, "services", None)
+        if services is None:
+            raise errors.ConfigurationError("The console is not wired (app.state.services).")
+        ctx = ConsoleContext.of(services)
         state.console = ctx
     assert isinstance(ctx, ConsoleContext)
     return ctx

@@ -1,45 +1,54 @@
-"""The console's operator pages. Every change goes through the admin API's own handlers (same
-validation, audit rows, reconcile triggers and gateway cache invalidation as ``/admin/v1``), acting as
-``console:<email>``; only read-only summaries are assembled here."""
+"""The console's operator pages for the catalogue, SLO policies, the planner and the records.
+
+Every change goes through the control plane's use cases (``ctx.control``: the same validation, audit
+rows, reconcile triggers and gateway cache invalidation as ``/admin/v1``), acting as ``console:<email>``
+and honouring ``If-Match``; bodies and answers are the admin API's schemas. Read-only pages (the
+overview, requests, jobs, the audit log) read through the repositories.
+"""
 
 from __future__ import annotations
 
 import base64
 import datetime as dt
-import math
 import uuid
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Query, Request, Response
 from pydantic import BaseModel
-from sqlalchemy import func, select
 
 from baton.api.admin import deployments as admin_deployments
 from baton.api.admin import models as admin_models
 from baton.api.admin import slo as admin_slo
-from baton.api.admin import tenants as admin_tenants
-from baton.api.admin.deps import AdminContext, AdminPrincipal, PageParams
-from baton.api.admin.deps import get_context as admin_context
+from baton.api.admin.deps import PageParams, Paging, check_if_match, set_etag
 from baton.api.admin.schemas import (
     DeploymentCreate,
+    DeploymentPublic,
+    DeploymentStatus,
     DeploymentUpdate,
+    JobPublic,
     ModelCreate,
+    ModelPublic,
+    ModelUpdate,
+    Page,
+    RequestPublic,
     SloAssignmentCreate,
+    SloAssignmentPublic,
     SloPolicyCreate,
+    SloPolicyPublic,
+    SloPolicyUpdate,
 )
 from baton.api.console.auth import ConsoleUser
 from baton.api.console.routes import ConsoleRoute, Ctx, OperatorUser
+from baton.control.catalogue import DeploymentView
+from baton.control.planning import PlanRequest
+from baton.control.policies import PolicyChanges
+from baton.control.services import Actor
+from baton.control.views import Precondition
 from baton.core import models as m
-from baton.core.db import translated
 
 router = APIRouter(prefix="/ops", tags=["console: operator"], route_class=ConsoleRoute)
 
 ALL = PageParams(limit=500, offset=0)
-
-
-def _admin(request: Request, user: ConsoleUser) -> tuple[AdminContext, AdminPrincipal]:
-    rid = (request.headers.get("x-request-id") or "")[:64] or None
-    return admin_context(request), AdminPrincipal(actor=user.actor, request_id=rid)
 
 
 def _dump(obj: Any) -> Any:
@@ -50,170 +59,265 @@ def _dump(obj: Any) -> Any:
     return obj
 
 
+def _actor(request: Request, user: ConsoleUser) -> Actor:
+    rid = (request.headers.get("x-request-id") or "")[:64] or None
+    return Actor(name=user.actor, request_id=rid)
+
+
+def _if_match(request: Request) -> Precondition:
+    return lambda version: check_if_match(request, version)
+
+
+class OperatorDeployment(DeploymentPublic):
+    model: str | None = None
+
+
+def _deployment(v: DeploymentView) -> OperatorDeployment:
+    return OperatorDeployment(**admin_deployments.public(v).model_dump(), model=v.model)
+
+
+# --- overview ---------------------------------------------------------------------------------------
+
 @router.get("/overview")
 def overview(ctx: Ctx, user: OperatorUser) -> dict[str, Any]:
     since = dt.datetime.now(dt.UTC) - dt.timedelta(hours=1)
-    r = m.RequestRecord
-    with ctx.db.system() as uow, translated():
-        tenants = uow.session.scalar(select(func.count()).select_from(m.Tenant)) or 0
-        states: dict[str, int] = {
-            str(state): int(count) for state, count in uow.session.execute(
-                select(m.Deployment.observed_state, func.count()).group_by(m.Deployment.observed_state)).all()}
-        reqs = uow.session.execute(
-            select(func.count(), func.count().filter(r.status == m.RequestStatus.FAILED))
-            .where(r.started_at >= since)).one()
+    with ctx.db.system() as uow:
+        tenants = uow.tenants.count()
+        states = uow.deployments.count_by_observed_state()
+        requests, failed = uow.requests.counts_since(since)
     return {
-        "tenants": int(tenants),
-        "deployments": {m.ObservedState(k).value: int(v) for k, v in states.items()},
-        "requests_last_hour": int(reqs[0]), "failed_last_hour": int(reqs[1]),
+        "tenants": tenants, "deployments": {state.value: n for state, n in states.items()},
+        "requests_last_hour": requests, "failed_last_hour": failed,
     }
 
 
-@router.get("/tenants")
-def list_tenants(request: Request, user: OperatorUser) -> list[dict[str, Any]]:
-    actx, who = _admin(request, user)
-    page = admin_tenants.list_tenants(ctx=actx, who=who, paging=ALL)
-    out = []
-    with actx.db.system() as uow:
-        for t in page.data:
-            row = t.model_dump(mode="json")
-            row["models"] = [mod.name for mod in uow.models.for_tenant(t.id)]
-            row["users"] = len(uow.users.for_tenant(t.id))
-            out.append(row)
+# --- models -----------------------------------------------------------------------------------------
+
+@router.get("/models", response_model=list[ModelPublic])
+def list_models(ctx: Ctx, user: OperatorUser) -> list[ModelPublic]:
+    page = ctx.control.catalogue.list_models(limit=ALL.limit, offset=ALL.offset)
+    return [admin_models.public(v) for v in page.items]
+
+
+@router.post("/models", status_code=201, response_model=ModelPublic)
+def create_model(body: ModelCreate, ctx: Ctx, request: Request, user: OperatorUser,
+                 response: Response) -> ModelPublic:
+    out = admin_models.public(ctx.control.catalogue.create_model(_actor(request, user), admin_models.new_model(body)))
+    set_etag(response, out.version)
     return out
 
 
-@router.put("/tenants/{tenant_id}/models/{model_id}", status_code=204)
-def grant_model(tenant_id: uuid.UUID, model_id: uuid.UUID, request: Request, user: OperatorUser) -> Response:
-    actx, who = _admin(request, user)
-    out: Response = admin_tenants.grant_model(tenant_id=tenant_id, model_id=model_id, ctx=actx, who=who)
+@router.get("/models/{model_id}", response_model=ModelPublic)
+def get_model(model_id: uuid.UUID, ctx: Ctx, user: OperatorUser, response: Response) -> ModelPublic:
+    out = admin_models.public(ctx.control.catalogue.get_model(model_id))
+    set_etag(response, out.version)
     return out
 
 
-@router.delete("/tenants/{tenant_id}/models/{model_id}", status_code=204)
-def revoke_model(tenant_id: uuid.UUID, model_id: uuid.UUID, request: Request, user: OperatorUser) -> Response:
-    actx, who = _admin(request, user)
-    out: Response = admin_tenants.revoke_model(tenant_id=tenant_id, model_id=model_id, ctx=actx, who=who)
+@router.patch("/models/{model_id}", response_model=ModelPublic)
+def update_model(*, model_id: uuid.UUID, body: ModelUpdate, ctx: Ctx, request: Request, user: OperatorUser,
+                 response: Response) -> ModelPublic:
+    """Changing the source or shape re-renders the model's deployments (a reconcile follows)."""
+    view = ctx.control.catalogue.update_model(_actor(request, user), model_id, admin_models.model_changes(body),
+                                              expect=_if_match(request))
+    out = admin_models.public(view)
+    set_etag(response, out.version)
     return out
 
 
-@router.post("/tenants/{tenant_id}/suspend")
-def suspend_tenant(tenant_id: uuid.UUID, request: Request, user: OperatorUser) -> Any:
-    actx, who = _admin(request, user)
-    return _dump(admin_tenants.suspend_tenant(tenant_id=tenant_id, ctx=actx, who=who, request=request,
-                                              response=Response()))
-
-
-@router.post("/tenants/{tenant_id}/resume")
-def resume_tenant(tenant_id: uuid.UUID, request: Request, user: OperatorUser) -> Any:
-    actx, who = _admin(request, user)
-    return _dump(admin_tenants.resume_tenant(tenant_id=tenant_id, ctx=actx, who=who, request=request,
-                                             response=Response()))
-
-
-@router.get("/models")
-def list_models(request: Request, user: OperatorUser) -> Any:
-    actx, who = _admin(request, user)
-    return _dump(admin_models.list_models(ctx=actx, who=who, paging=ALL).data)
-
-
-@router.post("/models", status_code=201)
-def create_model(body: ModelCreate, request: Request, user: OperatorUser) -> Any:
-    actx, who = _admin(request, user)
-    return _dump(admin_models.create_model(body=body, ctx=actx, who=who, response=Response()))
+@router.delete("/models/{model_id}", status_code=204)
+def delete_model(model_id: uuid.UUID, ctx: Ctx, request: Request, user: OperatorUser) -> Response:
+    """A model that deployments still use cannot be deleted (409): delete them first."""
+    ctx.control.catalogue.delete_model(_actor(request, user), model_id, expect=_if_match(request))
+    return Response(status_code=204)
 
 
 @router.post("/models/{model_id}/plan")
-def plan_model(model_id: uuid.UUID, request: Request, user: OperatorUser,
-               body: admin_models.PlanRequest | None = None) -> dict[str, Any]:
-    """The planner's recommendation for one model, with its plot (PNG, base64)."""
+def plan_model(model_id: uuid.UUID, ctx: Ctx, user: OperatorUser, body: PlanRequest | None = None) -> dict[str, Any]:
+    """The planner's answer for one model (no recommendation when nothing meets the SLO), with its plot."""
     from baton.control.planner import render_plot
 
-    actx, _ = _admin(request, user)
-    result, meta = admin_models.run_plan(actx, model_id, body or admin_models.PlanRequest())
-    out: dict[str, Any] = {**meta, **result.as_dict()}
-    out["plot_png_base64"] = base64.b64encode(render_plot(result, "png")).decode()
-    result_json: dict[str, Any] = _jsonable(out)
-    return result_json
-
-
-def _jsonable(v: Any) -> Any:
-    if isinstance(v, dict):
-        return {str(k): _jsonable(x) for k, x in v.items()}
-    if isinstance(v, list | tuple):
-        return [_jsonable(x) for x in v]
-    if hasattr(v, "item") and callable(v.item):  # numpy scalars
-        return v.item()
-    if isinstance(v, float) and not math.isfinite(v):
-        return None
-    return v
-
-
-@router.get("/deployments")
-def list_deployments(request: Request, user: OperatorUser) -> list[dict[str, Any]]:
-    actx, who = _admin(request, user)
-    page = admin_deployments.list_deployments(ctx=actx, who=who, paging=ALL)
-    with actx.db.system() as uow:
-        names = {mod.id: mod.name for mod in uow.models.list()}
-    out = []
-    for d in page.data:
-        row = d.model_dump(mode="json")
-        row["model"] = names.get(d.model_id)
-        out.append(row)
+    outcome = ctx.control.planning.plan(model_id, body or PlanRequest())
+    out: dict[str, Any] = outcome.as_dict()
+    out["plot_png_base64"] = base64.b64encode(render_plot(outcome.result, "png")).decode()
     return out
 
 
-@router.post("/deployments", status_code=201)
-def create_deployment(body: DeploymentCreate, request: Request, user: OperatorUser) -> Any:
-    actx, who = _admin(request, user)
-    return _dump(admin_deployments.create_deployment(body=body, ctx=actx, who=who, response=Response()))
+# --- deployments ------------------------------------------------------------------------------------
+
+@router.get("/deployments", response_model=list[OperatorDeployment])
+def list_deployments(ctx: Ctx, user: OperatorUser) -> list[OperatorDeployment]:
+    """Every deployment, with its model's name."""
+    page = ctx.control.catalogue.list_deployments(limit=ALL.limit, offset=ALL.offset)
+    return [_deployment(v) for v in page.items]
 
 
-@router.patch("/deployments/{deployment_id}")
-def update_deployment(deployment_id: uuid.UUID, body: DeploymentUpdate, request: Request,
-                      user: OperatorUser) -> Any:
-    actx, who = _admin(request, user)
-    return _dump(admin_deployments.update_deployment(
-        deployment_id=deployment_id, body=body, ctx=actx, who=who, request=request, response=Response()))
+@router.post("/deployments", status_code=201, response_model=DeploymentPublic)
+def create_deployment(body: DeploymentCreate, ctx: Ctx, request: Request, user: OperatorUser,
+                      response: Response) -> DeploymentPublic:
+    view = ctx.control.catalogue.create_deployment(_actor(request, user), admin_deployments.new_deployment(body))
+    out = admin_deployments.public(view)
+    set_etag(response, out.version)
+    return out
 
 
-@router.delete("/deployments/{deployment_id}")
-def delete_deployment(deployment_id: uuid.UUID, request: Request, user: OperatorUser) -> Any:
-    actx, who = _admin(request, user)
-    return _dump(admin_deployments.delete_deployment(
-        deployment_id=deployment_id, ctx=actx, who=who, request=request, response=Response()))
+@router.post("/deployments/reconcile", status_code=202)
+def request_reconcile(ctx: Ctx, request: Request, user: OperatorUser) -> dict[str, str]:
+    """Enqueues a reconcile now (one also runs after every change and periodically)."""
+    ctx.control.catalogue.request_reconcile(_actor(request, user))
+    return {"status": "queued"}
 
+
+@router.get("/deployments/{deployment_id}", response_model=OperatorDeployment)
+def get_deployment(deployment_id: uuid.UUID, ctx: Ctx, user: OperatorUser,
+                   response: Response) -> OperatorDeployment:
+    out = _deployment(ctx.control.catalogue.get_deployment(deployment_id))
+    set_etag(response, out.version)
+    return out
+
+
+@router.get("/deployments/{deployment_id}/status", response_model=DeploymentStatus)
+def deployment_status(deployment_id: uuid.UUID, ctx: Ctx, user: OperatorUser) -> DeploymentStatus:
+    """What the reconciler last saw in Ray Serve for this deployment."""
+    return admin_deployments.status_public(ctx.control.catalogue.deployment_status(deployment_id))
+
+
+@router.get("/deployments/{deployment_id}/serve-config")
+def deployment_serve_config(deployment_id: uuid.UUID, ctx: Ctx, user: OperatorUser) -> dict[str, Any]:
+    """The Ray Serve application entry Baton renders for this deployment (what the reconciler applies)."""
+    out: dict[str, Any] = ctx.control.catalogue.serve_config(deployment_id)
+    return out
+
+
+@router.patch("/deployments/{deployment_id}", response_model=DeploymentPublic)
+def update_deployment(*, deployment_id: uuid.UUID, body: DeploymentUpdate, ctx: Ctx, request: Request,
+                      user: OperatorUser, response: Response) -> DeploymentPublic:
+    view = ctx.control.catalogue.update_deployment(
+        _actor(request, user), deployment_id, admin_deployments.deployment_changes(body), expect=_if_match(request))
+    out = admin_deployments.public(view)
+    set_etag(response, out.version)
+    return out
+
+
+@router.delete("/deployments/{deployment_id}", response_model=DeploymentPublic)
+def delete_deployment(deployment_id: uuid.UUID, ctx: Ctx, request: Request, user: OperatorUser,
+                      response: Response) -> DeploymentPublic:
+    """Marks the deployment deleted; it disappears once Ray Serve no longer runs it."""
+    view = ctx.control.catalogue.delete_deployment(_actor(request, user), deployment_id, expect=_if_match(request))
+    out = admin_deployments.public(view)
+    set_etag(response, out.version)
+    return out
+
+
+# --- SLO policies -----------------------------------------------------------------------------------
 
 @router.get("/slo-policies")
-def list_policies(request: Request, user: OperatorUser) -> dict[str, Any]:
-    actx, who = _admin(request, user)
+def list_policies(ctx: Ctx, user: OperatorUser) -> dict[str, Any]:
+    """Every policy, and every assignment of one."""
+    page = ctx.control.slo.list_policies(limit=ALL.limit, offset=ALL.offset)
     return {
-        "policies": _dump(admin_slo.list_policies(ctx=actx, who=who, paging=ALL).data),
-        "assignments": _dump(admin_slo.list_assignments(ctx=actx, who=who)),
+        "policies": _dump([admin_slo.policy_public(v) for v in page.items]),
+        "assignments": _dump([admin_slo.assignment_public(v) for v in ctx.control.slo.list_assignments()]),
     }
 
 
-@router.post("/slo-policies", status_code=201)
-def create_policy(body: SloPolicyCreate, request: Request, user: OperatorUser) -> Any:
-    actx, who = _admin(request, user)
-    return _dump(admin_slo.create_policy(body=body, ctx=actx, who=who, response=Response()))
+@router.post("/slo-policies", status_code=201, response_model=SloPolicyPublic)
+def create_policy(body: SloPolicyCreate, ctx: Ctx, request: Request, user: OperatorUser,
+                  response: Response) -> SloPolicyPublic:
+    out = admin_slo.policy_public(ctx.control.slo.create_policy(_actor(request, user), admin_slo.new_policy(body)))
+    set_etag(response, out.version)
+    return out
 
 
-@router.post("/slo-assignments", status_code=201)
-def create_assignment(body: SloAssignmentCreate, request: Request, user: OperatorUser) -> Any:
-    actx, who = _admin(request, user)
-    return _dump(admin_slo.create_assignment(body=body, ctx=actx, who=who))
+@router.get("/slo-policies/{policy_id}", response_model=SloPolicyPublic)
+def get_policy(policy_id: uuid.UUID, ctx: Ctx, user: OperatorUser, response: Response) -> SloPolicyPublic:
+    out = admin_slo.policy_public(ctx.control.slo.get_policy(policy_id))
+    set_etag(response, out.version)
+    return out
+
+
+@router.patch("/slo-policies/{policy_id}", response_model=SloPolicyPublic)
+def update_policy(*, policy_id: uuid.UUID, body: SloPolicyUpdate, ctx: Ctx, request: Request, user: OperatorUser,
+                  response: Response) -> SloPolicyPublic:
+    """New targets re-render the autoscaling of the deployments that use the policy."""
+    changes = PolicyChanges(**body.model_dump(exclude_unset=True, exclude_none=True))
+    view = ctx.control.slo.update_policy(_actor(request, user), policy_id, changes, expect=_if_match(request))
+    out = admin_slo.policy_public(view)
+    set_etag(response, out.version)
+    return out
+
+
+@router.delete("/slo-policies/{policy_id}", status_code=204)
+def delete_policy(policy_id: uuid.UUID, ctx: Ctx, request: Request, user: OperatorUser) -> Response:
+    """The policy's assignments go with it; deployments that used it keep running without one."""
+    ctx.control.slo.delete_policy(_actor(request, user), policy_id, expect=_if_match(request))
+    return Response(status_code=204)
+
+
+@router.post("/slo-assignments", status_code=201, response_model=SloAssignmentPublic)
+def create_assignment(body: SloAssignmentCreate, ctx: Ctx, request: Request, user: OperatorUser) -> SloAssignmentPublic:
+    return admin_slo.assignment_public(
+        ctx.control.slo.create_assignment(_actor(request, user), admin_slo.new_assignment(body)))
+
+
+@router.delete("/slo-assignments/{assignment_id}", status_code=204)
+def delete_assignment(assignment_id: uuid.UUID, ctx: Ctx, request: Request, user: OperatorUser) -> Response:
+    ctx.control.slo.delete_assignment(_actor(request, user), assignment_id)
+    return Response(status_code=204)
+
+
+# --- records (read-only) ----------------------------------------------------------------------------
+
+@router.get("/requests", response_model=Page[RequestPublic])
+def list_requests(
+    *, ctx: Ctx, user: OperatorUser, paging: Paging,
+    tenant_id: Annotated[uuid.UUID | None, Query(description="Only this tenant.")] = None,
+    model: Annotated[str | None, Query(max_length=200, description="Only this model.")] = None,
+    status: Annotated[m.RequestStatus | None, Query()] = None,
+    since: Annotated[dt.datetime | None, Query(description="From this time (inclusive).")] = None,
+    deployment: Annotated[str | None, Query(max_length=63)] = None,
+    trace_id: Annotated[str | None, Query(max_length=32)] = None,
+) -> Page[RequestPublic]:
+    """Request records of every tenant (timings, KV handoff, recovery steps, trace id), newest first."""
+    with ctx.db.system() as uow:
+        stmt = uow.requests.query(tenant_id=tenant_id, model=model, status=status, since=since,
+                                  deployment=deployment, trace_id=trace_id)
+        rows, total = uow.requests.page(stmt, limit=paging.limit, offset=paging.offset)
+        data = [RequestPublic.model_validate(r) for r in rows]
+    return Page(data=data, count=total, limit=paging.limit, offset=paging.offset)
+
+
+@router.get("/jobs", response_model=Page[JobPublic])
+def list_jobs(
+    ctx: Ctx, user: OperatorUser, paging: Paging,
+    kind: Annotated[str | None, Query(max_length=64)] = None,
+    status: Annotated[m.JobStatus | None, Query()] = None,
+) -> Page[JobPublic]:
+    """Background jobs (reconciles, roll-ups, key expiry), newest first."""
+    with ctx.db.system() as uow:
+        rows, total = uow.jobs.page(uow.jobs.query(kind=kind, status=status), limit=paging.limit,
+                                    offset=paging.offset)
+        data = [JobPublic.model_validate(r) for r in rows]
+    return Page(data=data, count=total, limit=paging.limit, offset=paging.offset)
 
 
 @router.get("/audit")
-def audit_log(ctx: Ctx, user: OperatorUser, limit: Annotated[int, Query(ge=1, le=500)] = 100,
+def audit_log(*, ctx: Ctx, user: OperatorUser, limit: Annotated[int, Query(ge=1, le=500)] = 100,
               offset: Annotated[int, Query(ge=0, le=10_000_000)] = 0,
-              target_type: Annotated[str | None, Query(max_length=64)] = None) -> dict[str, Any]:
+              target_type: Annotated[str | None, Query(max_length=64)] = None,
+              tenant_id: Annotated[uuid.UUID | None, Query()] = None,
+              actor: Annotated[str | None, Query(max_length=200)] = None,
+              action: Annotated[str | None, Query(max_length=100)] = None) -> dict[str, Any]:
+    """Every change, newest first, with its target and tenant named (today's names; a target that is
+    gone is named from the entry itself)."""
     with ctx.db.system() as uow:
-        rows, total = uow.audit.page(uow.audit.query(target_type=target_type), limit=limit, offset=offset)
+        stmt = uow.audit.query(target_type=target_type, tenant_id=tenant_id, actor=actor, action=action)
+        rows, total = uow.audit.page(stmt, limit=limit, offset=offset)
+        names = uow.audit.names(rows)
         data = [{
             "id": a.id, "at": a.at.isoformat(), "actor": a.actor, "action": a.action,
-            "target_type": a.target_type, "target_id": a.target_id,
-            "tenant_id": str(a.tenant_id) if a.tenant_id else None, "before": a.before, "after": a.after,
-        } for a in rows]
+            "target_type": a.target_type, "target_id": a.target_id, "target_name": target_name,
+            "tenant_id": str(a.tenant_id) if a.tenant_id else None, "tenant_name": tenant_name,
+            "before": a.before, "after": a.after,
+        } for a, (target_name, tenant_name) in zip(rows, names, strict=True)]
     return {"data": data, "count": total, "limit": limit, "offset": offset}

@@ -10,10 +10,9 @@ import datetime as dt
 import uuid
 from typing import Any, Literal
 
-from sqlalchemy import and_, func, literal_column, select
-
 from baton.core import models as m
-from baton.core.db import UnitOfWork, translated
+from baton.core.contracts import PHASE_KV_HANDOFF, PHASE_LOCAL_PREFILL, PHASE_REMOTE_PREFILL, Phase, phases_from_json
+from baton.core.db import UnitOfWork
 
 Bucket = Literal["hour", "day"]
 PERCENTILES = (0.5, 0.9, 0.99)
@@ -29,16 +28,7 @@ def _floor(t: dt.datetime, bucket: Bucket) -> dt.datetime:
 def usage_series(uow: UnitOfWork, tenant_id: uuid.UUID, *, since: dt.datetime, until: dt.datetime,
                  bucket: Bucket) -> dict[str, Any]:
     """Requests and tokens per bucket (every bucket in the range, zeros included) and per model."""
-    u = m.UsageRecord
-    b = func.date_trunc(literal_column(f"'{bucket}'"), func.timezone("UTC", u.created_at)).label("b")
-    stmt = (
-        select(b, u.model, func.count(), func.sum(u.prompt_tokens), func.sum(u.completion_tokens),
-               func.sum(u.cached_tokens))
-        .where(u.tenant_id == tenant_id, u.created_at >= since, u.created_at < until)
-        .group_by(b, u.model)
-    )
-    with translated():
-        rows = uow.session.execute(stmt).all()
+    rows = uow.usage.series(tenant_id, since=since, until=until, bucket=bucket)
     step = dt.timedelta(hours=1) if bucket == "hour" else dt.timedelta(days=1)
     points: dict[dt.datetime, dict[str, Any]] = {}
     t = _floor(since, bucket)
@@ -51,14 +41,14 @@ def usage_series(uow: UnitOfWork, tenant_id: uuid.UUID, *, since: dt.datetime, u
         key = bt.replace(tzinfo=dt.UTC)
         p = points.setdefault(key, {"t": key.isoformat(), "requests": 0, "prompt_tokens": 0,
                                     "completion_tokens": 0, "cached_tokens": 0})
-        p["requests"] += int(n)
-        p["prompt_tokens"] += int(pt or 0)
-        p["completion_tokens"] += int(ct or 0)
-        p["cached_tokens"] += int(cached or 0)
+        p["requests"] += n
+        p["prompt_tokens"] += pt
+        p["completion_tokens"] += ct
+        p["cached_tokens"] += cached
         mm = by_model.setdefault(model, {"requests": 0, "prompt_tokens": 0, "completion_tokens": 0})
-        mm["requests"] += int(n)
-        mm["prompt_tokens"] += int(pt or 0)
-        mm["completion_tokens"] += int(ct or 0)
+        mm["requests"] += n
+        mm["prompt_tokens"] += pt
+        mm["completion_tokens"] += ct
     series = [points[k] for k in sorted(points)]
     totals = {k: sum(p[k] for p in series) for k in ("requests", "prompt_tokens", "completion_tokens",
                                                      "cached_tokens")}
@@ -82,22 +72,7 @@ def slo_report(uow: UnitOfWork, tenant_id: uuid.UUID, *, since: dt.datetime, unt
     A request is *good* when it completed and met both targets (TPOT only where it has one: a request
     with a single output token has no TPOT). Goodput is good requests per second over the window.
     """
-    r = m.RequestRecord
-    window = (r.tenant_id == tenant_id, r.started_at >= since, r.started_at < until)
-    pct = [float(p) for p in PERCENTILES]
-    stmt = (
-        select(
-            r.model, func.count(),
-            func.count().filter(r.status == m.RequestStatus.COMPLETED),
-            func.percentile_cont(pct).within_group(r.ttft_ms),
-            func.percentile_cont(pct).within_group(r.tpot_ms),
-        )
-        .where(*window)
-        .group_by(r.model)
-        .order_by(r.model)
-    )
-    with translated():
-        rows = uow.session.execute(stmt).all()
+    rows = uow.requests.latency_by_model(tenant_id, since=since, until=until, percentiles=PERCENTILES)
     seconds = max((until - since).total_seconds(), 1.0)
     models: list[dict[str, Any]] = []
     for model_name, total, completed, ttft, tpot in rows:
@@ -105,18 +80,13 @@ def slo_report(uow: UnitOfWork, tenant_id: uuid.UUID, *, since: dt.datetime, unt
         policy = uow.slo_assignments.effective(tenant_id, model.id) if model is not None else None
         entry: dict[str, Any] = {
             "model": model_name, "requests": int(total), "completed": int(completed),
-            "ttft_ms": _pcts(list(ttft) if ttft is not None else []),
-            "tpot_ms": _pcts(list(tpot) if tpot is not None else []),
+            "ttft_ms": _pcts(ttft or []),
+            "tpot_ms": _pcts(tpot or []),
             "policy": None, "good": None, "attainment": None, "goodput_rps": None,
         }
         if policy is not None:
-            good_cond = and_(
-                r.status == m.RequestStatus.COMPLETED, r.ttft_ms.is_not(None), r.ttft_ms <= policy.ttft_ms,
-                (r.tpot_ms.is_(None)) | (r.tpot_ms <= policy.tpot_ms),
-            )
-            with translated():
-                good = int(uow.session.scalar(
-                    select(func.count()).where(*window, r.model == model_name, good_cond)) or 0)
+            good = uow.requests.count_good(tenant_id, model_name, since=since, until=until,
+                                           ttft_ms=policy.ttft_ms, tpot_ms=policy.tpot_ms)
             entry.update(
                 policy={"name": policy.name, "ttft_ms": policy.ttft_ms, "tpot_ms": policy.tpot_ms,
                         "percentile": float(policy.percentile)},
@@ -149,28 +119,16 @@ def _num(step: dict[str, Any], *names: str) -> float | None:
 
 
 def waterfall(row: m.RequestRecord) -> list[dict[str, Any]]:
-    """The request's phases on one time axis (ms from the start): prefill, KV handoff, decode, and each
-    recovery step. Derived from the record: prefill ends ``handoff_ms`` before the first token; decode
-    runs from the first token to the end."""
-    e2e = float(row.e2e_ms)
-    spans: list[dict[str, Any]] = []
-    ttft = row.ttft_ms
-    if ttft is not None:
-        handoff = float(row.handoff_ms or 0.0)
-        prefill_end = max(0.0, ttft - handoff)
-        spans.append({"name": "prefill", "kind": "prefill", "start_ms": 0.0, "duration_ms": prefill_end,
-                      "detail": f"{row.prompt_tokens} prompt tokens"})
-        if row.handoff_ms is not None:
-            kv = f"{row.kv_bytes} bytes" if row.kv_bytes is not None else "size unknown"
-            spans.append({"name": "KV handoff", "kind": "kv_handoff", "start_ms": prefill_end,
-                          "duration_ms": handoff, "detail": kv})
-        spans.append({"name": "decode", "kind": "decode", "start_ms": float(ttft),
-                      "duration_ms": max(0.0, e2e - float(ttft)),
-                      "detail": f"{row.completion_tokens} tokens"
-                                + (f", TPOT {row.tpot_ms:.2f} ms" if row.tpot_ms is not None else "")})
-    else:
-        spans.append({"name": "request", "kind": "request", "start_ms": 0.0, "duration_ms": e2e,
-                      "detail": f"no first token ({m.RequestStatus(row.status).value})"})
+    """The request's phases on one time axis (ms from its start at the gateway), then each recovery step.
+
+    Where the decode server measured them (``row.phases``: each remote prefill call, the KV handoff from
+    submitting the decode request to its first token, a local prefill), those are drawn as measured, after
+    the time it took the request to reach the decode server, and decode runs from the measured first
+    token to the end; every span then says ``"source": "spans"``. Otherwise (aggregated serving, records
+    from before phases were kept) they are derived from the record, ``"source": "record"``: prefill ends
+    ``handoff_ms`` before the first token, decode runs from the first token to the end."""
+    phases = sorted(phases_from_json(row.phases), key=lambda p: p.start_ms) if row.phases else []
+    spans = _measured_phases(row, phases) if phases else _derived_phases(row)
     cursor = 0.0
     for i, step in enumerate(row.recovery_steps or []):
         if not isinstance(step, dict):
@@ -185,4 +143,70 @@ def waterfall(row: m.RequestRecord) -> list[dict[str, Any]]:
                                         "ms", "elapsed_ms"} and isinstance(v, str | int | float | bool))[:200]
         spans.append({"name": f"recovery: {name}", "kind": "recovery", "start_ms": start, "duration_ms": dur,
                       "detail": detail})
+    source = "spans" if phases else "record"
+    return [{**span, "source": source} for span in spans]
+
+
+def _kv_detail(row: m.RequestRecord) -> str:
+    return f"{row.kv_bytes} bytes" if row.kv_bytes is not None else "size unknown"
+
+
+def _decode_span(row: m.RequestRecord, first_token_ms: float) -> dict[str, Any]:
+    return {"name": "decode", "kind": "decode", "start_ms": first_token_ms,
+            "duration_ms": max(0.0, float(row.e2e_ms) - first_token_ms),
+            "detail": f"{row.completion_tokens} tokens"
+                      + (f", TPOT {row.tpot_ms:.2f} ms" if row.tpot_ms is not None else "")}
+
+
+def _no_first_token(row: m.RequestRecord) -> dict[str, Any]:
+    return {"name": "request", "kind": "request", "start_ms": 0.0, "duration_ms": float(row.e2e_ms),
+            "detail": f"no first token ({m.RequestStatus(row.status).value})"}
+
+
+def _derived_phases(row: m.RequestRecord) -> list[dict[str, Any]]:
+    """Prefill, KV handoff and decode from the record's TTFT and handoff time (an assumption: all of
+    TTFT before the handoff was prefill)."""
+    ttft = row.ttft_ms
+    if ttft is None:
+        return [_no_first_token(row)]
+    handoff = float(row.handoff_ms or 0.0)
+    prefill_end = max(0.0, ttft - handoff)
+    spans = [{"name": "prefill", "kind": "prefill", "start_ms": 0.0, "duration_ms": prefill_end,
+              "detail": f"{row.prompt_tokens} prompt tokens"}]
+    if row.handoff_ms is not None:
+        spans.append({"name": "KV handoff", "kind": "kv_handoff", "start_ms": prefill_end, "duration_ms": handoff,
+                      "detail": _kv_detail(row)})
+    spans.append(_decode_span(row, float(ttft)))
+    return spans
+
+
+def _measured_phases(row: m.RequestRecord, phases: list[Phase]) -> list[dict[str, Any]]:
+    """The decode server's phases as measured, and decode from the first token it saw."""
+    spans: list[dict[str, Any]] = []
+    if phases[0].start_ms > 0:
+        spans.append({"name": "to the decode server", "kind": "dispatch", "start_ms": 0.0,
+                      "duration_ms": phases[0].start_ms, "detail": "gateway, routing and queueing in Ray Serve"})
+    first_token: float | None = None
+    for p in phases:
+        failed = p.outcome != "ok"
+        if p.phase == PHASE_REMOTE_PREFILL:
+            name = "prefill" if (p.attempt or 1) == 1 else f"prefill (attempt {p.attempt})"
+            detail = f"failed: {p.detail}" if failed else f"{row.prompt_tokens} prompt tokens on a prefill replica"
+            spans.append({"name": name, "kind": "prefill", "start_ms": p.start_ms, "duration_ms": p.duration_ms,
+                          "detail": detail})
+        elif p.phase == PHASE_LOCAL_PREFILL:
+            detail = f"{row.prompt_tokens} prompt tokens on the decode replica" + (f" ({p.detail})" if p.detail else "")
+            spans.append({"name": "local prefill", "kind": "prefill", "start_ms": p.start_ms,
+                          "duration_ms": p.duration_ms, "detail": f"failed: {p.detail}" if failed else detail})
+        else:  # the KV handoff: the pull, scheduling and the first decode step
+            detail = _kv_detail(row)
+            if row.handoff_ms is not None and row.handoff_ms < p.duration_ms:  # NIXL's own timing of the pull
+                detail += f"; transfer {row.handoff_ms:.2f} ms of it"
+            spans.append({"name": "KV handoff", "kind": "kv_handoff", "start_ms": p.start_ms,
+                          "duration_ms": p.duration_ms, "detail": f"failed: {detail}" if failed else detail})
+        if p.phase in (PHASE_KV_HANDOFF, PHASE_LOCAL_PREFILL) and not failed:
+            first_token = p.end_ms
+    if first_token is None and row.ttft_ms is not None:
+        first_token = float(row.ttft_ms)
+    spans.append(_decode_span(row, first_token) if first_token is not None else _no_first_token(row))
     return spans

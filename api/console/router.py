@@ -9,13 +9,15 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from fastapi import APIRouter, Request, Response
+from fastapi import APIRouter, Depends, Request, Response
 from pydantic import BaseModel, ConfigDict, Field
 
-from baton.api.console import operator, static, tenant
-from baton.api.console.auth import COOKIE_NAME, Account, ConsoleUser, NewSession, hash_password
+from baton.api.console import operator, operator_tenants, static, tenant
+from baton.api.console.auth import COOKIE_NAME, Account, ConsoleUser, NewSession, check_origin, hash_password
 from baton.api.console.routes import ConsoleRoute, Ctx, User
-from baton.control.audit import snapshot
+from baton.control.services import Actor
+from baton.control.tenancy import SignUp as SignUpCommand
+from baton.control.tenancy import TenantView
 from baton.core import errors
 from baton.core import models as m
 
@@ -47,7 +49,7 @@ def _client_ip(request: Request) -> str:
     return request.client.host if request.client else "unknown"
 
 
-def tenant_json(t: m.Tenant) -> dict[str, Any]:
+def tenant_json(t: TenantView) -> dict[str, Any]:
     return {"id": str(t.id), "name": t.name, "display_name": t.display_name}
 
 
@@ -69,39 +71,36 @@ def _set_cookie(ctx: Ctx, response: Response, s: NewSession) -> None:
 def _tenant(ctx: Ctx, user: ConsoleUser) -> dict[str, Any] | None:
     if user.tenant_id is None:
         return None
-    with ctx.db.tenant(user.tenant_id) as uow:
-        return tenant_json(uow.tenants.require(user.tenant_id))
+    return tenant_json(ctx.control.tenancy.get_tenant(user.tenant_id))
 
 
-@api.post("/signup", status_code=201, tags=["console: session"])
+def same_origin(request: Request, ctx: Ctx) -> None:
+    """Sign-in and sign-up come from the console's own pages (or ``console.allowed_origins``): a
+    browser on another site cannot sign someone in (login CSRF), nor create organisations in their name."""
+    check_origin(request.headers.get("origin"), own=f"{request.url.scheme}://{request.url.netloc}",
+                 allowed=ctx.settings.console.allowed_origins)
+
+
+@api.post("/signup", status_code=201, tags=["console: session"], dependencies=[Depends(same_origin)])
 def sign_up(body: SignUp, ctx: Ctx, request: Request, response: Response) -> dict[str, Any]:
-    """Creates a tenant and its first admin user, and signs them in."""
+    """Creates a tenant and its first admin user, and signs them in. The organisation gets the models
+    ``tenancy.default_models`` names; with none, it waits for an operator (a pending access request)."""
     email = body.email.strip()
     if not _EMAIL.match(email):
         raise errors.ValidationError("Enter a valid email address.", param="email")
-    password_hash = hash_password(body.password)
-    actor = f"console:{email}"
-    with ctx.db.system() as uow:
-        if uow.users.by_email(email) is not None:
-            raise errors.ConflictError("A user with this email already exists; sign in instead.", param="email")
-        if uow.tenants.by_name(body.tenant_name) is not None:
-            raise errors.ConflictError("This tenant id is taken; choose another.", param="tenant_name")
-        t = uow.tenants.add(m.Tenant(name=body.tenant_name, display_name=body.organisation.strip()))
-        uow.audit.record(actor=actor, action="tenant.signup", target_type="tenant", target_id=str(t.id),
-                         tenant_id=t.id, after=snapshot(t))
-        user = uow.users.add(m.User(tenant_id=t.id, email=email, password_hash=password_hash,
-                                    role=m.UserRole.TENANT_ADMIN))
-        uow.audit.record(actor=actor, action="user.create", target_type="user", target_id=str(user.id),
-                         tenant_id=t.id, after=snapshot(user))
-        uow.commit()
-        tenant = tenant_json(t)
-        account = Account.of(user)
+    done = ctx.control.tenancy.sign_up(
+        Actor(f"console:{email}", (request.headers.get("x-request-id") or "")[:64] or None),
+        SignUpCommand(organisation=body.organisation, tenant_name=body.tenant_name, email=email,
+                      password_hash=hash_password(body.password)),
+    )
+    tenant = tenant_json(done.tenant)
+    account = Account(id=done.user_id, email=done.email, role=m.UserRole(done.role), tenant_id=done.tenant.id)
     s = ctx.sessions.start(account)
     _set_cookie(ctx, response, s)
     return session_json(s.user, tenant)
 
 
-@api.post("/login", tags=["console: session"])
+@api.post("/login", tags=["console: session"], dependencies=[Depends(same_origin)])
 def sign_in(body: SignIn, ctx: Ctx, request: Request, response: Response) -> dict[str, Any]:
     ip = _client_ip(request)
     ctx.throttle.check(body.email, ip)
@@ -132,6 +131,7 @@ def current_session(ctx: Ctx, user: User) -> dict[str, Any]:
 
 api.include_router(tenant.router)
 api.include_router(operator.router)
+api.include_router(operator_tenants.router)
 
 #: What the API process mounts: the JSON API under ``/console/api`` and the front end under ``/console/``.
 router = APIRouter()

@@ -1,18 +1,20 @@
-"""The console's tenant pages: keys, models, usage, SLOs, requests and the playground's key."""
+"""The console's tenant pages: overview, keys, models (and access requests), usage, SLOs, requests and the
+playground's key. Changes go through the control plane (``ctx.control``), acting as ``console:<email>``."""
 
 from __future__ import annotations
 
 import datetime as dt
-import secrets
 import uuid
 from typing import Annotated, Any, Literal
 
-from fastapi import APIRouter, Query
+from fastapi import APIRouter, Query, Request
 from pydantic import BaseModel, ConfigDict, Field
 
 from baton.api.console import queries
 from baton.api.console.routes import ConsoleRoute, Ctx, TenantUser
 from baton.control.keys import ApiKeyView, IssuedKey
+from baton.control.services import Actor
+from baton.control.tenancy import AccessRequestView, RequestAccess
 from baton.core import errors
 from baton.core import models as m
 
@@ -40,6 +42,11 @@ class PlaygroundKey(_In):
     model: str = Field(min_length=1, max_length=200)
 
 
+class AccessRequestCreate(_In):
+    model_id: uuid.UUID | None = Field(None, description="The model wanted; null: any model, the operators choose.")
+    note: str | None = Field(None, max_length=1000, description="What it is for, for the operators.")
+
+
 def key_json(k: ApiKeyView) -> dict[str, Any]:
     return {
         "id": str(k.id), "name": k.name, "prefix": k.prefix, "model_scope": list(k.model_scope),
@@ -48,11 +55,22 @@ def key_json(k: ApiKeyView) -> dict[str, Any]:
         "rotated_to_id": str(k.rotated_to_id) if k.rotated_to_id else None,
         "created_by": k.created_by, "created_at": k.created_at.isoformat(),
         "last_used_at": k.last_used_at.isoformat() if k.last_used_at else None, "state": k.state(),
+        "kind": k.kind,
     }
 
 
 def issued_json(k: IssuedKey) -> dict[str, Any]:
     return {"key": key_json(k.key), "secret": k.secret}
+
+
+def access_request_json(r: AccessRequestView) -> dict[str, Any]:
+    return {
+        "id": str(r.id), "tenant_id": str(r.tenant_id), "model_id": str(r.model_id) if r.model_id else None,
+        "model": r.model, "note": r.note, "state": r.state, "requested_by": r.requested_by,
+        "requested_at": r.requested_at.isoformat(),
+        "resolved_at": r.resolved_at.isoformat() if r.resolved_at else None, "resolved_by": r.resolved_by,
+        "reason": r.reason,
+    }
 
 
 def _tid(user: TenantUser) -> uuid.UUID:
@@ -61,19 +79,49 @@ def _tid(user: TenantUser) -> uuid.UUID:
     return tid
 
 
+def _actor(request: Request, user: TenantUser) -> Actor:
+    return Actor(user.actor, (request.headers.get("x-request-id") or "")[:64] or None)
+
+
 @router.get("/overview")
 def overview(ctx: Ctx, user: TenantUser) -> dict[str, Any]:
+    """The home page: the organisation, what it may call (``access.state`` ``waiting`` until an operator
+    grants a model, with its pending requests), its live keys and the last 24 hours of traffic."""
     tid = _tid(user)
     now = dt.datetime.now(dt.UTC)
+    ov = ctx.control.tenancy.overview(tid)
     with ctx.db.tenant(tid) as uow:
-        tenant = uow.tenants.require(tid)
-        models = uow.models.for_tenant(tid)
-        keys = uow.api_keys.for_tenant(tid)
         usage = queries.usage_series(uow, tid, since=now - dt.timedelta(hours=24), until=now, bucket="hour")
-        # read inside the unit of work: leaving it rolls back, which expires every instance it loaded
-        live = [k for k in keys if k.expires_at is None or k.expires_at > now]
-        return {"tenant": {"id": str(tenant.id), "name": tenant.name, "display_name": tenant.display_name},
-                "models": len(models), "live_keys": len(live), "usage_24h": usage["totals"]}
+    t, access = ov.tenant, ov.access
+    return {
+        "tenant": {"id": str(t.id), "name": t.name, "display_name": t.display_name},
+        "models": len(access.models), "live_keys": ov.live_keys, "usage_24h": usage["totals"],
+        "access": {"state": access.state, "since": access.since.isoformat(),
+                   "pending": [access_request_json(r) for r in access.pending]},
+        "models_granted": list(access.models),
+    }
+
+
+@router.get("/catalogue")
+def catalogue(ctx: Ctx, user: TenantUser) -> list[dict[str, Any]]:
+    """Every model of the platform, whether the organisation may use it, and whether it has asked to."""
+    return [{"id": str(e.id), "name": e.name, "context_length": e.context_length, "dtype": e.dtype,
+             "params_b": e.params_b, "granted": e.granted, "requested": e.requested}
+            for e in ctx.control.tenancy.catalogue(_tid(user))]
+
+
+@router.get("/access-requests")
+def list_access_requests(ctx: Ctx, user: TenantUser) -> list[dict[str, Any]]:
+    """The organisation's requests for models, newest first, with the operators' answers."""
+    return [access_request_json(r) for r in ctx.control.tenancy.tenant_requests(_tid(user))]
+
+
+@router.post("/access-requests", status_code=201)
+def request_access(body: AccessRequestCreate, ctx: Ctx, request: Request, user: TenantUser) -> dict[str, Any]:
+    """Asks the operators for a model (or any model). One pending request per model: 409 for another."""
+    view = ctx.control.tenancy.request_access(_actor(request, user), _tid(user),
+                                              RequestAccess(model_id=body.model_id, note=body.note))
+    return access_request_json(view)
 
 
 @router.get("/models")
@@ -122,11 +170,10 @@ def rotate_key(key_id: uuid.UUID, body: KeyRotate, ctx: Ctx, user: TenantUser) -
 
 @router.post("/playground-key", status_code=201)
 def playground_key(body: PlaygroundKey, ctx: Ctx, user: TenantUser) -> dict[str, Any]:
-    """A key for one model that expires in 15 minutes, for the playground."""
-    issued = ctx.keys.issue(
-        tenant_id=_tid(user), name=f"playground-{secrets.token_hex(4)}", created_by=user.actor,
-        model_scope=[body.model], expires_at=dt.datetime.now(dt.UTC) + PLAYGROUND_KEY_TTL,
-    )
+    """A key for one model that expires in 15 minutes, for the playground (``kind: playground``). Each
+    user has at most one: asking again revokes the previous one."""
+    issued = ctx.keys.issue_playground(tenant_id=_tid(user), created_by=user.actor, model=body.model,
+                                       ttl=PLAYGROUND_KEY_TTL)
     return issued_json(issued)
 
 

@@ -27,9 +27,16 @@ def build_gateway(
 
     from baton.api.gateway.facts import FactMerger
     from baton.api.gateway.metering import UsageMeter
-    from baton.api.gateway.principals import InvalidationListener, PrincipalCache, load_principal
+    from baton.api.gateway.principals import (
+        InvalidationListener,
+        KeyUseRecorder,
+        PrincipalCache,
+        load_principal,
+        write_key_uses,
+    )
     from baton.api.gateway.proxy import new_client
     from baton.api.gateway.ratelimit import RateLimiter
+    from baton.api.gateway.responses import ResponseStore
     from baton.api.gateway.resume import ResumePolicy
     from baton.api.gateway.routing import ChainRouter, DeploymentRouter, StaticRouter
     from baton.api.gateway.service import Gateway
@@ -37,7 +44,8 @@ def build_gateway(
     g = settings.gateway
     secret = settings.security.key_secret.get_secret_value()
     principals = PrincipalCache(partial(load_principal, db, salt_secret=secret), key_secret=secret,
-                                ttl=g.key_cache_ttl_s)
+                                ttl=g.key_cache_ttl_s,
+                                uses=KeyUseRecorder(partial(write_key_uses, db), interval_s=g.last_used_flush_s))
     if router is None:
         router = ChainRouter([StaticRouter(g.upstreams, g.fallback_upstreams),
                               DeploymentRouter(db, settings.ray.serve_url, ttl=g.route_cache_ttl_s)])
@@ -58,4 +66,5 @@ def build_gateway(
         token_stall_s=g.token_stall_s,
         tracing=tracing,
         metrics=metrics,
+        responses=ResponseStore(db, retention_days=g.responses_retention_days),
     )

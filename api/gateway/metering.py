@@ -4,8 +4,9 @@ Each finished request becomes one :class:`Outcome`; :meth:`UsageMeter.record` on
 in-memory buffer. A background task writes the buffer to Postgres in batches (every
 ``flush_interval`` seconds, or sooner when ``batch_size`` are waiting): one usage row per request
 that reached the engine (``usage_records``, idempotent on ``request_id``) and one request record
-(``request_records``, idempotent on ``id``) with TTFT, TPOT, ITL and end-to-end time, in one
-system-scope transaction.
+(``request_records``, idempotent on ``id``) with TTFT, TPOT, ITL and end-to-end time, the recovery
+steps taken (:class:`baton.core.contracts.RecoveryStep`) and the decode server's measured phases
+(:class:`baton.core.contracts.Phase`, merged from its facts by ``enrich``), in one system-scope transaction.
 
 If Postgres is unavailable the batch stays in the buffer and is retried with backoff; because both
 inserts are idempotent a retry after an ambiguous failure writes nothing twice. The buffer is bounded
@@ -27,6 +28,7 @@ from typing import Any
 
 from baton.core import errors
 from baton.core import models as m
+from baton.core.contracts import RecoveryStep, StepName, StepOutcome
 from baton.core.db import Database
 
 log = logging.getLogger(__name__)
@@ -61,15 +63,14 @@ class Outcome:
     kv_bytes: int | None = None  # P/D handoff, from the data plane's facts
     handoff_ms: float | None = None
     facts_merged: bool = False  # data-plane facts read (api/gateway/facts.py)
-    recovery_steps: list[dict[str, Any]] = field(default_factory=list)  # recovery ladder steps taken
+    recovery_steps: list[dict[str, Any]] = field(default_factory=list)  # RecoveryStep JSON, in order taken
+    phases: list[dict[str, Any]] | None = None  # Phase JSON from the decode server's facts (its measured phases)
 
-    def step(self, name: str, started_pc: float, outcome: str, detail: str) -> None:
-        """Records one recovery step (``prefill_retry``, ``local_prefill``, ``decode_resume``, ...)."""
-        now = time.perf_counter()
-        self.recovery_steps.append({
-            "step": name, "at_ms": round((started_pc - self.start_pc) * 1000, 3),
-            "duration_ms": round((now - started_pc) * 1000, 3), "outcome": outcome, "detail": detail[:200],
-        })
+    def step(self, name: StepName, started_pc: float, outcome: StepOutcome, detail: str) -> None:
+        """Records one recovery step the gateway took (``decode_resume``, ``aggregated_fallback``)."""
+        self.recovery_steps.append(RecoveryStep.timed(name, origin_pc=self.start_pc, started_pc=started_pc,
+                                                      now_pc=time.perf_counter(), outcome=outcome,
+                                                      detail=detail).to_json())
 
     def rows(self) -> tuple[dict[str, Any] | None, dict[str, Any]]:
         e2e_ms = max((self.end_pc - self.start_pc) * 1000, 0.0)
@@ -90,7 +91,7 @@ class Outcome:
             "prompt_tokens": self.prompt_tokens, "completion_tokens": self.completion_tokens,
             "ttft_ms": ttft_ms, "tpot_ms": tpot_ms, "itl_p50_ms": p50, "itl_p99_ms": p99, "e2e_ms": e2e_ms,
             "trace_id": self.trace_id, "started_at": started, "kv_bytes": self.kv_bytes,
-            "handoff_ms": self.handoff_ms, "recovery_steps": list(self.recovery_steps),
+            "handoff_ms": self.handoff_ms, "recovery_steps": list(self.recovery_steps), "phases": self.phases,
             "finished_at": started + dt.timedelta(milliseconds=e2e_ms),
         }
         usage = None

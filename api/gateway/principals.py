@@ -10,12 +10,18 @@ entries in every process within milliseconds. Each invalidation also bumps a gen
 load that raced with it is not cached. If the subscription breaks, the whole cache is dropped once it
 is back (messages may have been missed). If Postgres is down, entries past their TTL keep serving
 (revocations still arrive through Redis).
+
+Last use: each successful authentication notes the key and the time in memory (a dict write);
+:class:`KeyUseRecorder` writes what it noted as ``api_keys.last_used_at`` in one UPDATE every
+``gateway.last_used_flush_s``, off the request path, and once more when the gateway stops. A write that
+fails is kept and retried with the next one.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import datetime as dt
 import logging
 import time
 import uuid
@@ -115,6 +121,69 @@ def load_principal(db: Database, key_hash: bytes, salt_secret: str) -> Principal
         )
 
 
+def write_key_uses(db: Database, used: Mapping[uuid.UUID, dt.datetime]) -> int:
+    """``api_keys.last_used_at`` of many keys in one system-scope UPDATE; returns the rows changed."""
+    with db.system() as uow:
+        n = uow.api_keys.mark_used(used)
+        uow.commit()
+    return n
+
+
+class KeyUseRecorder:
+    """Which keys authenticated, and when last, until :meth:`flush` writes them (a background task every
+    ``interval_s``, and :meth:`stop`). :meth:`seen` is the only part on the request path."""
+
+    def __init__(self, write: Callable[[Mapping[uuid.UUID, dt.datetime]], int], *, interval_s: float = 5.0) -> None:
+        self._write = write
+        self.interval_s = interval_s
+        self._seen: dict[uuid.UUID, float] = {}
+        self._task: asyncio.Task[None] | None = None
+        self.written = 0
+        self.failures = 0
+
+    def seen(self, key_id: uuid.UUID, at: float) -> None:
+        """Notes a successful authentication (``at``: unix seconds). Never blocks, never raises."""
+        self._seen[key_id] = at
+
+    @property
+    def pending(self) -> int:
+        return len(self._seen)
+
+    async def flush(self) -> bool:
+        """Writes what was noted since the last write; False (and kept for the next one) if it failed."""
+        if not self._seen:
+            return True
+        batch, self._seen = self._seen, {}
+        used = {k: dt.datetime.fromtimestamp(at, dt.UTC) for k, at in batch.items()}
+        try:
+            self.written += await asyncio.to_thread(self._write, used)
+        except Exception as exc:  # Postgres down or slow: keep the uses, newest time wins
+            self.failures += 1
+            log.warning("last use of %d keys not written yet (%s); will retry", len(batch), type(exc).__name__)
+            for k, at in batch.items():
+                if at > self._seen.get(k, 0.0):
+                    self._seen[k] = at
+            return False
+        return True
+
+    async def start(self) -> None:
+        if self._task is None:
+            self._task = asyncio.create_task(self._run(), name="key-last-used")
+
+    async def stop(self) -> None:
+        """Stops the loop and writes what is left (one try)."""
+        if self._task is not None:
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)
+            self._task = None
+        await self.flush()
+
+    async def _run(self) -> None:
+        while True:
+            await asyncio.sleep(self.interval_s)
+            await self.flush()
+
+
 _Entry = tuple[Principal | None, float]  # (principal or None for an unknown key, loaded at monotonic)
 
 Loader = Callable[[bytes], Principal | None]
@@ -124,8 +193,10 @@ class PrincipalCache:
     """``Authorization`` header -> :class:`Principal`, cached with a TTL and explicit invalidation."""
 
     def __init__(self, loader: Loader, *, key_secret: str, ttl: float = 30.0, max_entries: int = 100_000,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic, uses: KeyUseRecorder | None = None) -> None:
         self._load = loader
+        #: Where successful authentications are noted (None: last use is not recorded).
+        self.uses = uses
         self._secret = key_secret
         self.ttl = ttl
         self._max = max_entries
@@ -152,8 +223,20 @@ class PrincipalCache:
             principal = entry[0]
         if principal is None:
             raise errors.AuthenticationError(_INVALID_KEY)
-        principal.check(time.time())
+        now = time.time()
+        principal.check(now)
+        if self.uses is not None:
+            self.uses.seen(principal.key_id, now)
         return principal
+
+    async def start(self) -> None:
+        if self.uses is not None:
+            await self.uses.start()
+
+    async def stop(self) -> None:
+        """Writes the last uses still in memory."""
+        if self.uses is not None:
+            await self.uses.stop()
 
     async def _refresh(self, key_hash: bytes, stale: _Entry | None) -> Principal | None:
         fut = self._inflight.get(key_hash)
@@ -283,6 +366,6 @@ class InvalidationListener:
                 await asyncio.sleep(backoff)
                 backoff = min(backoff * 2, 5.0)
             finally:
-                with contextlib.suppress(Exception):  # already broken: nothing left to clean up
-                    await pubsub.aclose()
+                with contextlib.suppress(Exception):  # already broken (or stuck): nothing left to clean up
+                    await asyncio.wait_for(pubsub.aclose(), timeout=2.0)
 

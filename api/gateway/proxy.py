@@ -26,6 +26,7 @@ from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
 from baton.api.errors import openai_error_body
+from baton.api.gateway.engine_text import client_text
 from baton.api.gateway.metering import Outcome
 from baton.api.gateway.upstream import UpstreamClient
 from baton.core import errors
@@ -103,7 +104,7 @@ def upstream_error(status: int, content: bytes) -> errors.BatonError:
         err = data.get("error") if isinstance(data, dict) else None
         src = err if isinstance(err, dict) else data if isinstance(data, dict) else {}
         if isinstance(src.get("message"), str) and src["message"]:
-            message = src["message"][:2000]
+            message = client_text(src["message"])
         if isinstance(src.get("param"), str):
             param = src["param"]
         if isinstance(src.get("code"), str):

@@ -40,6 +40,7 @@ from starlette.types import Send
 from baton.api.gateway.metering import Outcome
 from baton.api.gateway.proxy import SSERelay, read_usage
 from baton.core import errors
+from baton.core.contracts import STEP_AGGREGATED_FALLBACK, STEP_DECODE_RESUME
 
 #: Upstream statuses worth another attempt (the replica died, Ray is replacing it, a timeout).
 RETRY_STATUSES = frozenset({500, 502, 503, 504})
@@ -54,9 +55,6 @@ CARRIED = ("temperature", "top_p", "top_k", "min_p", "seed", "stop", "stop_token
            "frequency_penalty", "repetition_penalty", "length_penalty", "logit_bias", "ignore_eos",
            "include_stop_str_in_output", "skip_special_tokens", "spaces_between_special_tokens", "bad_words",
            "allowed_token_ids", "user", "cache_salt", "kv_transfer_params", "priority", "vllm_xargs")
-
-STEP = "decode_resume"
-
 
 class StreamBrokenError(errors.UpstreamError):
     code = "upstream_stream_broken"
@@ -115,9 +113,6 @@ def continuation_body(endpoint: str, payload: dict[str, Any], prompt_ids: list[i
 
 
 Opener = Callable[[str, bytes], Awaitable[httpx.Response]]
-
-#: Step recorded when a call went to the deployment's fallback pool (a P/D deployment's prefill engine).
-FALLBACK_STEP = "aggregated_fallback"
 
 
 class PoolHealth:
@@ -222,7 +217,8 @@ class FailoverOpener:
             self._health.failed(self._pool)
             assert failed is not None
             fallback_why = fallback_failed.why if fallback_failed is not None else "no answer"
-            self._outcome.step(FALLBACK_STEP, t0, "failed", f"decode pool: {failed.why}; fallback: {fallback_why}")
+            self._outcome.step(STEP_AGGREGATED_FALLBACK, t0, "failed",
+                               f"decode pool: {failed.why}; fallback: {fallback_why}")
             self.last = "primary"
             return failed.reraise()
         finally:
@@ -254,7 +250,7 @@ class FailoverOpener:
 
     def _served_by_fallback(self, response: httpx.Response, t0: float, why: str) -> httpx.Response:
         self.last = "fallback"
-        self._outcome.step(FALLBACK_STEP, t0, "recovered" if response.status_code == 200 else "failed",
+        self._outcome.step(STEP_AGGREGATED_FALLBACK, t0, "recovered" if response.status_code == 200 else "failed",
                            f"{why}; served by the prefill pool's engine")
         return response
 
@@ -382,7 +378,7 @@ class ResumingRelay(SSERelay):
                 endpoint, body = self._endpoint, self._original
                 st.id = None
             elif st.prompt_ids is None or not st.ids_ok:
-                outcome.step(STEP, t0, "failed", f"{failure}; token ids unknown, cannot resume")
+                outcome.step(STEP_DECODE_RESUME, t0, "failed", f"{failure}; token ids unknown, cannot resume")
                 await self._broken(send, st)
                 return
             else:
@@ -390,7 +386,7 @@ class ResumingRelay(SSERelay):
                 if cont is None:  # every allowed token was sent; only the finish chunk was lost
                     await self._emit(send, self._finish_chunk(st, "length"))
                     st.finished = True
-                    outcome.step(STEP, t0, "recovered", f"{failure}; length reached, finish sent")
+                    outcome.step(STEP_DECODE_RESUME, t0, "recovered", f"{failure}; length reached, finish sent")
                     break
                 endpoint, body = "completions", orjson.dumps(cont)
             self._deadline = time.monotonic() + self._policy.budget_s  # each break gets its own budget
@@ -400,13 +396,13 @@ class ResumingRelay(SSERelay):
                 await response.aclose()
                 response = None
             if response is None:
-                outcome.step(STEP, t0, "failed", f"{failure}; {why}")
+                outcome.step(STEP_DECODE_RESUME, t0, "failed", f"{failure}; {why}")
                 await self._broken(send, st)
                 return
             self._response = response
             st.resumed = st.started
             st.done = False
-            outcome.step(STEP, t0, "recovered",
+            outcome.step(STEP_DECODE_RESUME, t0, "recovered",
                          f"{failure}; {'resumed after' if st.started else 'retried before'} "
                          f"{len(st.sent)} tokens")
         self._account(st)

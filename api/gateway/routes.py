@@ -3,13 +3,17 @@
 from __future__ import annotations
 
 import time
-from typing import Annotated
+from typing import Annotated, Any
 
+import orjson
 from fastapi import APIRouter, Depends, Header, Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from starlette.responses import Response
+from starlette.routing import Match
 
+from baton.api.gateway import responses
 from baton.api.gateway.principals import Principal
+from baton.api.gateway.responses import ResponseRequest
 from baton.api.gateway.schemas import (
     ERROR_RESPONSES,
     ChatCompletion,
@@ -21,6 +25,7 @@ from baton.api.gateway.schemas import (
     completion_responses,
 )
 from baton.api.gateway.service import Gateway
+from baton.core import errors
 
 router = APIRouter(prefix="/v1", tags=["OpenAI-compatible"])
 
@@ -93,3 +98,73 @@ async def completions(
 ) -> Response:
     call = await gateway.prepare_completion(principal, _exclude(body))
     return await gateway.forward(principal, call, traceparent=traceparent, auth_ns=_auth_ns(request))
+
+
+@router.post("/responses", response_model=None, responses=ERROR_RESPONSES,
+             summary="Create a model response (Responses API, text; streaming or not)")
+async def create_response(
+    body: ResponseRequest, principal: PrincipalDep, gateway: GatewayDep, request: Request,
+    traceparent: TraceparentHeader = None,
+) -> Response:
+    out: Response = await responses.create(gateway, principal, body, traceparent=traceparent,
+                                           auth_ns=_auth_ns(request))
+    return out
+
+
+def _store(gateway: Gateway) -> responses.ResponseStore:
+    if gateway.responses is None:
+        raise errors.UnavailableError("Stored responses are not available on this gateway.")
+    return gateway.responses
+
+
+@router.get("/responses/{response_id}", responses=ERROR_RESPONSES, summary="A stored response")
+async def get_response(response_id: str, principal: PrincipalDep, gateway: GatewayDep) -> Response:
+    body = await _store(gateway).get(principal.tenant_id, response_id)
+    return Response(orjson.dumps(body), media_type="application/json")
+
+
+@router.delete("/responses/{response_id}", responses=ERROR_RESPONSES, summary="Delete a stored response")
+async def delete_response(response_id: str, principal: PrincipalDep, gateway: GatewayDep) -> dict[str, Any]:
+    await _store(gateway).delete(principal.tenant_id, response_id)
+    return {"id": response_id, "object": "response", "deleted": True}
+
+
+# -- what /v1 does not serve -------------------------------------------------------------------------
+
+#: Endpoints of OpenAI's API that Baton does not serve yet, and what to do instead.
+NOT_YET: dict[str, str] = {
+    "batches": "The Batch API is not available yet: send the requests one at a time to /v1/chat/completions.",
+    "files": "The Files API is not available yet (it comes with the Batch API).",
+    "embeddings": "Embeddings are not available yet.",
+}
+
+fallback = APIRouter(prefix="/v1", include_in_schema=False)
+
+
+def _served(app: Any) -> list[str]:
+    out = []
+    for route in app.routes:
+        path = getattr(route, "path", "")
+        if path.startswith("/v1/") and getattr(route, "include_in_schema", True):
+            out += [f"{m} {path}" for m in sorted(getattr(route, "methods", ()) or ()) if m != "HEAD"]
+    return out
+
+
+@fallback.api_route("/{rest:path}", methods=["GET", "POST", "PUT", "PATCH", "DELETE"])
+async def not_served(rest: str, request: Request) -> Response:
+    """Any other path under ``/v1``: 404 in OpenAI's shape, naming what is served (docs/openai.md); a served
+    path asked with another method: 405."""
+    for route in request.app.routes:
+        if getattr(route, "path", "").startswith("/v1/") and route.matches(request.scope)[0] is Match.PARTIAL:
+            allowed = ", ".join(sorted(m for m in getattr(route, "methods", ()) if m != "HEAD"))
+            raise MethodNotAllowedError(f"{request.method} is not allowed on {request.url.path}; use {allowed}.",
+                                        headers={"allow": allowed})
+    first = rest.split("/", 1)[0]
+    why = NOT_YET.get(first, f"Baton does not serve {request.method} /v1/{rest}.")
+    raise errors.NotFoundError(f"{why} Served here: {'; '.join(_served(request.app))} (see docs/openai.md).")
+
+
+class MethodNotAllowedError(errors.ClientError):
+    status = 405
+    code = "method_not_allowed"
+    title = "Method not allowed"

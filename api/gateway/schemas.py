@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, StrictBool
 
 MAX_N = 8
 _INT32 = 2**31 - 1
@@ -19,11 +19,13 @@ SERVER_FIELDS = ("cache_salt", "kv_transfer_params", "priority", "request_id", "
 
 
 class _Open(BaseModel):
+    # Unknown fields go to the engine (vLLM's own sampling extensions); booleans are JSON booleans only,
+    # as OpenAI's API takes them ("yes" is an error, not true).
     model_config = ConfigDict(extra="allow")
 
 
 class StreamOptions(_Open):
-    include_usage: bool | None = Field(None, description="Send a last chunk with the request's token usage.")
+    include_usage: StrictBool | None = Field(None, description="Send a last chunk with the request's token usage.")
 
 
 class ContentPart(_Open):
@@ -40,7 +42,7 @@ class ChatMessage(_Open):
 
 class _Sampling(_Open):
     model: str = Field(..., min_length=1, max_length=200, description="A model your key may use (`GET /v1/models`).")
-    stream: bool | None = Field(False, description="Stream the answer as server-sent events.")
+    stream: StrictBool | None = Field(False, description="Stream the answer as server-sent events.")
     stream_options: StreamOptions | None = None
     max_tokens: int | None = Field(None, ge=1, le=_INT32)
     temperature: float | None = Field(None, ge=0, le=2)
@@ -58,7 +60,7 @@ class ChatCompletionRequest(_Sampling):
 
     messages: Annotated[list[ChatMessage], Field(min_length=1)]
     max_completion_tokens: int | None = Field(None, ge=1, le=_INT32)
-    logprobs: bool | None = None
+    logprobs: StrictBool | None = None
     top_logprobs: int | None = Field(None, ge=0, le=20)
     response_format: dict[str, Any] | None = None
     tools: list[dict[str, Any]] | None = None
@@ -71,7 +73,7 @@ class CompletionRequest(_Sampling):
     prompt: str | list[str] | list[int] | list[list[int]] = Field(
         ..., description="Text, texts, token ids, or lists of token ids."
     )
-    echo: bool | None = None
+    echo: StrictBool | None = None
     logprobs: int | None = Field(None, ge=0, le=20)
     suffix: str | None = None
 

@@ -41,6 +41,7 @@ from baton.api.gateway.ratelimit import (
     RateLimiter,
     retry_after_header,
 )
+from baton.api.gateway.responses import ResponseStore
 from baton.api.gateway.resume import (
     RETRY_STATUSES,
     FailoverOpener,
@@ -51,14 +52,14 @@ from baton.api.gateway.resume import (
     open_with_retry,
     resumable,
 )
-from baton.api.gateway.resume import STEP as RESUME_STEP
 from baton.api.gateway.routing import Router
 from baton.api.gateway.schemas import MAX_N, SERVER_FIELDS
-from baton.api.gateway.tokens import PromptCounter
+from baton.api.gateway.tokens import InvalidTextError, PromptCounter, surrogate_path, text_of
 from baton.api.gateway.upstream import UpstreamClient
 from baton.core import errors
 from baton.core import models as m
 from baton.core import telemetry as t
+from baton.core.contracts import STEP_DECODE_RESUME
 
 log = logging.getLogger(__name__)
 
@@ -115,6 +116,10 @@ def check_parameters(payload: dict[str, Any]) -> None:
         raise UnsupportedParameterError(f"At most {MAX_N} choices per request.", param="n")
 
 
+#: The longest one background part may take to stop (the usage meter drains for up to 10 s of it).
+STOP_LIMIT_S = 15.0
+
+
 class Gateway:
     """Built once per process by the app's lifespan; the routes call :meth:`forward`."""
 
@@ -134,8 +139,11 @@ class Gateway:
         token_stall_s: float | None = None,
         tracing: t.Tracing | None = None,
         metrics: GatewayMetrics | None = None,
+        responses: ResponseStore | None = None,
     ) -> None:
         self.principals = principals
+        #: Stored ``/v1/responses`` answers (None: ``store`` and ``previous_response_id`` answer 503).
+        self.responses = responses
         self.listener = listener
         self.limiter = limiter
         self.meter = meter
@@ -160,15 +168,27 @@ class Gateway:
 
     async def start(self) -> None:
         await self.meter.start()
+        await self.principals.start()
         await self.limiter.start()
         if self.listener is not None:
             await self.listener.start()
 
     async def stop(self) -> None:
+        """Stops the background parts in turn, each given at most ``STOP_LIMIT_S`` (the meter its drain
+        too): a part stuck on a dead connection is logged and left behind, shutdown never hangs."""
+        parts: list[tuple[str, Any]] = []
         if self.listener is not None:
-            await self.listener.stop()
-        await self.limiter.stop()
-        await self.meter.stop()
+            parts.append(("key invalidation listener", self.listener.stop()))
+        parts += [("rate limiter", self.limiter.stop()), ("usage meter", self.meter.stop()),
+                  ("key last-use recorder", self.principals.stop())]
+        for name, stop in parts:
+            task = asyncio.ensure_future(stop)
+            done, _ = await asyncio.wait({task}, timeout=STOP_LIMIT_S)
+            if not done:
+                task.cancel()
+                log.error("gateway shutdown: the %s did not stop within %.0f s; left behind", name, STOP_LIMIT_S)
+            elif not task.cancelled() and task.exception() is not None:
+                log.error("gateway shutdown: the %s failed to stop (%s)", name, type(task.exception()).__name__)
 
     # -- validation ---------------------------------------------------------------------------
 
@@ -176,7 +196,8 @@ class Gateway:
         grant = principal.model(payload["model"])
         check_parameters(payload)
         text, overhead = self.prompts.chat_text(payload["messages"])
-        prompt = await self._count(text, grant, overhead)
+        with text_of(payload):
+            prompt = await self._count(text, grant, overhead)
         limit = payload.get("max_completion_tokens") or payload.get("max_tokens")
         return self._call("chat/completions", payload, grant, prompt, limit, choices=payload.get("n") or 1)
 
@@ -186,11 +207,12 @@ class Gateway:
         grant = principal.model(payload["model"])
         check_parameters(payload)
         prompt_value = payload["prompt"]
-        if isinstance(prompt_value, str):
-            prompt = await self._count(prompt_value, grant, 0)
-        else:
-            prompt = count_completion_prompt(prompt_value, self.prompts, source=grant.source,
-                                             context_length=grant.context_length)
+        with text_of(payload):
+            if isinstance(prompt_value, str):
+                prompt = await self._count(prompt_value, grant, 0)
+            else:
+                prompt = count_completion_prompt(prompt_value, self.prompts, source=grant.source,
+                                                 context_length=grant.context_length)
         choices = (payload.get("n") or 1) * prompt_count(prompt_value)
         return self._call("completions", payload, grant, prompt, payload.get("max_tokens") or 16, choices=choices)
 
@@ -376,7 +398,7 @@ class Gateway:
         t0 = time.perf_counter()
         retried, more = await open_with_retry(opener, endpoint, body, policy=policy,
                                               deadline=max(deadline, time.monotonic() + policy.budget_s), tries=tries)
-        outcome.step(RESUME_STEP, t0, "failed" if retried is None or retried.status_code != 200 else "recovered",
+        outcome.step(STEP_DECODE_RESUME, t0, "failed" if retried is None or retried.status_code != 200 else "recovered",
                      f"{why}; {more or 'retried before the first token'}")
         return retried, failed
 
@@ -424,7 +446,9 @@ def upstream_body(call: Call, salt: str) -> tuple[bytes, bool]:
     try:
         return orjson.dumps(payload), client_usage
     except TypeError:
-        pass
+        bad = surrogate_path(payload)  # orjson refuses lone surrogates; no engine could read them either
+        if bad is not None:
+            raise InvalidTextError(bad) from None
     try:
         return json.dumps(payload, separators=(",", ":"), allow_nan=False).encode(), client_usage
     except (TypeError, ValueError):

@@ -10,16 +10,65 @@ estimate only has to be in the right range.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
+
+from baton.core import errors
 
 log = logging.getLogger(__name__)
 
 PER_MESSAGE = 4  # role and separators of a chat template, per message
 PER_CHAT = 3
+
+
+class InvalidTextError(errors.ValidationError):
+    """Text that is not Unicode: a lone surrogate (``"\\ud800"`` in the JSON) no engine can tokenize."""
+
+    def __init__(self, param: str | None = None) -> None:
+        super().__init__("The request holds text that is not valid Unicode (a lone surrogate such as \\ud800). "
+                         "Send well-formed UTF-8 text.", param=param)
+
+
+def utf8(text: str) -> bytes:
+    """``text`` as UTF-8; a lone surrogate is the client's error (400), never an engine's crash."""
+    try:
+        return text.encode("utf-8")
+    except UnicodeEncodeError:
+        raise InvalidTextError() from None
+
+
+def surrogate_path(value: Any, path: str = "") -> str | None:
+    """Where in a decoded JSON body a string holds a lone surrogate (``messages[0].content``), or None."""
+    if isinstance(value, str):
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError:
+            return path or None
+        return None
+    if isinstance(value, dict):
+        for k, v in value.items():
+            found = surrogate_path(k, path) or surrogate_path(v, f"{path}.{k}" if path else str(k))
+            if found:
+                return found
+    elif isinstance(value, list):
+        for i, v in enumerate(value):
+            found = surrogate_path(v, f"{path}[{i}]")
+            if found:
+                return found
+    return None
+
+
+@contextlib.contextmanager
+def text_of(payload: dict[str, Any]) -> Iterator[None]:
+    """Names the field of ``payload`` whose text is not Unicode when the block inside finds one."""
+    try:
+        yield
+    except InvalidTextError:
+        raise InvalidTextError(surrogate_path(payload)) from None
 
 
 def _texts(content: Any) -> Iterable[str]:
@@ -52,7 +101,7 @@ class PromptCounter:
 
     def count(self, text: str, *, source: str, context_length: int, overhead: int = 0) -> tuple[int, bool]:
         """(tokens, exact?) for ``text``. Exact only when the local tokenizer was used."""
-        nbytes = len(text.encode("utf-8", "surrogatepass")) if not text.isascii() else len(text)
+        nbytes = len(text) if text.isascii() else len(utf8(text))
         if nbytes * 2 < context_length:
             return nbytes // 4 + 1 + overhead, False
         tok = self.tokenizer(source)

@@ -32,16 +32,17 @@ from typing import Any
 
 from baton.bench.chaos.faults import FaultRecord
 from baton.bench.chaos.ledger import RequestRecord, Verdict
+from baton.core.contracts import PREFILL_STEPS, STEP_AGGREGATED_FALLBACK, STEP_KV_RECOMPUTE
 
-PREFILL_RUNGS = ("prefill_retry", "local_prefill")
-KV_RECOMPUTE = "kv_recompute"
+PREFILL_RUNGS = PREFILL_STEPS
+KV_RECOMPUTE = STEP_KV_RECOMPUTE
 REPLICA_FAULTS = ("kill_decode", "kill_prefill", "stop_decode", "stop_prefill")
 Steps = Mapping[str, Sequence[Mapping[str, Any]]]
 """Recovery steps by the client's request id."""
 
 
 def is_decode_step(name: str) -> bool:
-    return name.startswith("decode_") or name == "aggregated_fallback"
+    return name.startswith("decode_") or name == STEP_AGGREGATED_FALLBACK
 
 
 def answers(fault_kind: str, step_name: str) -> bool:

@@ -248,7 +248,7 @@ def deployment_spec(cfg: StackConfig, model_dir: Path, redis_url: str | None, ni
                 "max_model_len": cfg.max_model_len, "max_num_batched_tokens": cfg.max_num_batched_tokens},
         kv={"connector": "nixl", "nixl_port_base": nixl_port_base, "lmcache": lmcache},
         route_prefix=f"/{cfg.app}",
-        env={"BATON_DATAPLANE_REDIS_URL": facts_redis_url},
+        telemetry={"facts_redis_url": facts_redis_url},
     )
 
 

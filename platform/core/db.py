@@ -135,6 +135,8 @@ class UnitOfWork:
         self.jobs = r.JobRepository(s)
         self.admin_tokens = r.AdminTokenRepository(s)
         self.console_sessions = r.ConsoleSessionRepository(s)
+        self.access_requests = r.AccessRequestRepository(s)
+        self.responses = r.StoredResponseRepository(s)
         return self
 
     def __exit__(
@@ -189,6 +191,8 @@ CONSTRAINT_MESSAGES: dict[str, str] = {
     "uq_usage_records_request_id": "Usage for this request was already recorded.",
     "uq_admin_tokens_name": "An admin token with this name already exists.",
     "pk_tenant_models": "The tenant already has access to this model.",
+    "uq_access_requests_pending": "A request for this model is already waiting for an operator.",
+    "uq_api_keys_playground_per_user": "You already have a playground key; try again.",
     "ck_tenants_name_slug": "Names are lower-case letters, digits and '-', at most 64 characters.",
     "ck_deployments_name_slug": "Names are lower-case letters, digits and '-', at most 63 characters.",
     "ck_deployments_prefill_range": "Prefill replicas: min must be >= 0 and <= max.",

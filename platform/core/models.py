@@ -54,6 +54,8 @@ TENANT_SCOPED_TABLES = (
     "usage_daily",
     "request_records",
     "console_sessions",
+    "access_requests",
+    "stored_responses",
 )
 
 #: Append-only tables: the service role may insert and read, never change or delete.
@@ -135,6 +137,18 @@ class RequestStatus(enum.StrEnum):
     CANCELLED = "cancelled"
 
 
+class KeyKind(enum.StrEnum):
+    STANDARD = "standard"
+    #: Short-lived, one model, at most one live per console user (the playground's).
+    PLAYGROUND = "playground"
+
+
+class AccessRequestState(enum.StrEnum):
+    PENDING = "pending"
+    APPROVED = "approved"
+    DECLINED = "declined"
+
+
 class JobStatus(enum.StrEnum):
     QUEUED = "queued"
     RUNNING = "running"
@@ -204,6 +218,9 @@ class ApiKey(Base):
     created_by: Mapped[str] = mapped_column(String(200), nullable=False)
     created_at: Mapped[dt.datetime] = _created_at()
     last_used_at: Mapped[dt.datetime | None] = mapped_column(DateTime(timezone=True))
+    kind: Mapped[KeyKind] = mapped_column(
+        _enum(KeyKind, "key_kind"), nullable=False, server_default=KeyKind.STANDARD.value
+    )
 
     __table_args__ = (
         # One live key per name and tenant; a rotated or revoked key gives its name up.
@@ -213,6 +230,14 @@ class ApiKey(Base):
             "name",
             unique=True,
             postgresql_where=text("revoked_at IS NULL AND rotated_to_id IS NULL"),
+        ),
+        # One unrevoked playground key per console user (``created_by`` is ``console:<email>``).
+        Index(
+            "uq_api_keys_playground_per_user",
+            "tenant_id",
+            "created_by",
+            unique=True,
+            postgresql_where=text("kind = 'playground' AND revoked_at IS NULL"),
         ),
     )
 
@@ -256,6 +281,65 @@ class TenantModel(Base):
         UUID(as_uuid=True), ForeignKey("models.id", ondelete="CASCADE"), primary_key=True, index=True
     )
     created_at: Mapped[dt.datetime] = _created_at()
+
+
+class AccessRequest(Base):
+    """A tenant's request to use a model (``model_id`` NULL: any model, the operator chooses), and how
+    an operator answered it. Sign-up without a default grant files one."""
+
+    __tablename__ = "access_requests"
+
+    id: Mapped[uuid.UUID] = _uuid_pk()
+    tenant_id: Mapped[uuid.UUID] = _tenant_fk()
+    model_id: Mapped[uuid.UUID | None] = mapped_column(
+        UUID(as_uuid=True), ForeignKey("models.id", ondelete="CASCADE"), index=True
+    )
+    note: Mapped[str | None] = mapped_column(String(1000))
+    requested_by: Mapped[str] = mapped_column(String(200), nullable=False)
+    requested_at: Mapped[dt.datetime] = mapped_column(
+        DateTime(timezone=True), nullable=False, server_default=func.now()
+    )
+    state: Mapped[AccessRequestState] = mapped_column(
+        _enum(AccessRequestState, "access_request_state"), nullable=False,
+        server_default=AccessRequestState.PENDING.value,
+    )
+    resolved_at: Mapped[dt.datetime | None] = mapped_column(DateTime(timezone=True))
+    resolved_by: Mapped[str | None] = mapped_column(String(200))
+    reason: Mapped[str | None] = mapped_column(String(1000))
+
+    __table_args__ = (
+        CheckConstraint("(state = 'pending') = (resolved_at IS NULL)", name="resolved_unless_pending"),
+        # One pending request per tenant and model (and one for "any model").
+        Index(
+            "uq_access_requests_pending",
+            "tenant_id",
+            text("coalesce(model_id, '00000000-0000-0000-0000-000000000000'::uuid)"),
+            unique=True,
+            postgresql_where=text("state = 'pending'"),
+        ),
+        Index("ix_access_requests_state_requested_at", "state", "requested_at"),
+    )
+
+
+class StoredResponse(Base):
+    """A ``/v1/responses`` answer kept for ``previous_response_id`` and ``GET /v1/responses/{id}`` until
+    ``expires_at`` (``gateway.responses_retention_days``)."""
+
+    __tablename__ = "stored_responses"
+
+    id: Mapped[str] = mapped_column(String(64), primary_key=True)
+    tenant_id: Mapped[uuid.UUID] = _tenant_fk()
+    api_key_id: Mapped[uuid.UUID | None] = mapped_column(
+        UUID(as_uuid=True), ForeignKey("api_keys.id", ondelete="SET NULL"), index=True
+    )
+    model: Mapped[str] = mapped_column(String(200), nullable=False)
+    previous_response_id: Mapped[str | None] = mapped_column(String(64))
+    #: The conversation up to and with this answer, as chat messages (instructions are not carried over).
+    conversation: Mapped[list[dict[str, Any]]] = mapped_column(JSONB, nullable=False)
+    #: The response object as the client received it.
+    body: Mapped[dict[str, Any]] = mapped_column(JSONB, nullable=False)
+    created_at: Mapped[dt.datetime] = _created_at()
+    expires_at: Mapped[dt.datetime] = mapped_column(DateTime(timezone=True), nullable=False, index=True)
 
 
 class SloPolicy(Base):
@@ -460,6 +544,9 @@ class RequestRecord(Base):
     recovery_steps: Mapped[list[dict[str, Any]]] = mapped_column(
         JSONB, nullable=False, server_default=text("'[]'")
     )
+    #: The decode server's measured phases (`baton.core.contracts.Phase` JSON, ms from the request's start);
+    #: None where it posted none (aggregated serving, Ray's own P/D flow, records from before 0002).
+    phases: Mapped[list[dict[str, Any]] | None] = mapped_column(JSONB(none_as_null=True))
     trace_id: Mapped[str | None] = mapped_column(String(32), index=True)
     started_at: Mapped[dt.datetime] = mapped_column(DateTime(timezone=True), nullable=False)
     finished_at: Mapped[dt.datetime] = mapped_column(DateTime(timezone=True), nullable=False)

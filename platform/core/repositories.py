@@ -6,12 +6,13 @@ tenant-scoped session can see, and tenant-facing queries still say ``tenant_id``
 
 from __future__ import annotations
 
+import builtins
 import datetime as dt
 import uuid
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any, Generic, TypeVar
 
-from sqlalchemy import Date, Integer, Select, delete, func, literal, select, update
+from sqlalchemy import Date, Integer, Select, delete, func, literal, literal_column, select, text, union_all, update
 from sqlalchemy.dialects.postgresql import insert
 from sqlalchemy.orm import Session
 
@@ -118,8 +119,35 @@ class TenantRepository(Repository[m.Tenant]):
         with translated():
             return self.session.scalar(select(m.Tenant).where(m.Tenant.name == name))
 
+    def without_grants(self, *, limit: int = 200) -> Sequence[m.Tenant]:
+        """Active tenants with no model grant, oldest first (the access queue)."""
+        granted = select(m.TenantModel.tenant_id).where(m.TenantModel.tenant_id == m.Tenant.id).exists()
+        stmt = (select(m.Tenant).where(m.Tenant.status == m.TenantStatus.ACTIVE, ~granted)
+                .order_by(m.Tenant.created_at).limit(limit))
+        with translated():
+            return self.session.scalars(stmt).all()
+
     def list(self) -> Sequence[m.Tenant]:
         return self.scalars(select(m.Tenant).order_by(m.Tenant.name))
+
+    def by_ids(self, ids: Sequence[uuid.UUID]) -> dict[uuid.UUID, m.Tenant]:
+        if not ids:
+            return {}
+        return {t.id: t for t in self.scalars(select(m.Tenant).where(m.Tenant.id.in_(list(ids))))}
+
+    def query(self, *, status: m.TenantStatus | None = None,
+              name_contains: str | None = None) -> Select[tuple[m.Tenant]]:
+        """Tenants by name; ``name_contains`` matches literally (``%`` and ``_`` are not wildcards)."""
+        stmt = select(m.Tenant).order_by(m.Tenant.name)
+        if status is not None:
+            stmt = stmt.where(m.Tenant.status == status)
+        if name_contains:
+            stmt = stmt.where(m.Tenant.name.contains(name_contains, autoescape=True))
+        return stmt
+
+    def count(self) -> int:
+        with translated():
+            return int(self.session.scalar(select(func.count()).select_from(m.Tenant)) or 0)
 
 
 class UserRepository(Repository[m.User]):
@@ -132,6 +160,18 @@ class UserRepository(Repository[m.User]):
 
     def for_tenant(self, tenant_id: uuid.UUID) -> Sequence[m.User]:
         return self.scalars(select(m.User).where(m.User.tenant_id == tenant_id).order_by(m.User.email))
+
+    def emails_by_tenant(self, tenant_ids: Sequence[uuid.UUID]) -> dict[uuid.UUID, list[str]]:
+        """Each tenant's users' emails (sorted), in one query."""
+        if not tenant_ids:
+            return {}
+        out: dict[uuid.UUID, list[str]] = {}
+        with translated():
+            rows = self.session.execute(select(m.User.tenant_id, m.User.email)
+                                        .where(m.User.tenant_id.in_(tenant_ids)).order_by(m.User.email)).all()
+        for tid, email in rows:
+            out.setdefault(tid, []).append(email)
+        return out
 
 
 class ApiKeyRepository(Repository[m.ApiKey]):
@@ -153,6 +193,27 @@ class ApiKeyRepository(Repository[m.ApiKey]):
             select(m.ApiKey).where(m.ApiKey.revoked_at.is_(None), m.ApiKey.expires_at <= now)
         )
 
+    def unrevoked_playground(self, tenant_id: uuid.UUID, created_by: str) -> Sequence[m.ApiKey]:
+        """The playground keys of one console user that are not revoked (at most one: a unique index)."""
+        k = m.ApiKey
+        return self.scalars(select(k).where(k.tenant_id == tenant_id, k.created_by == created_by,
+                                            k.kind == m.KeyKind.PLAYGROUND, k.revoked_at.is_(None))
+                            .with_for_update())
+
+    def mark_used(self, used: Mapping[uuid.UUID, dt.datetime]) -> int:
+        """Sets each key's ``last_used_at`` to its time in ``used`` (never back in time), in one UPDATE;
+        returns the rows changed."""
+        if not used:
+            return 0
+        stmt = text(
+            "UPDATE api_keys AS k SET last_used_at = u.at "
+            "FROM unnest(CAST(:ids AS uuid[]), CAST(:ats AS timestamptz[])) AS u(id, at) "
+            "WHERE k.id = u.id AND (k.last_used_at IS NULL OR k.last_used_at < u.at)"
+        )
+        with translated():
+            res = self.session.execute(stmt, {"ids": list(used), "ats": list(used.values())})
+        return int(getattr(res, "rowcount", 0) or 0)
+
 
 class ModelRepository(Repository[m.Model]):
     model = m.Model
@@ -165,6 +226,17 @@ class ModelRepository(Repository[m.Model]):
     def list(self) -> Sequence[m.Model]:
         return self.scalars(select(m.Model).order_by(m.Model.name))
 
+    def query(self, *, name_contains: str | None = None) -> Select[tuple[m.Model]]:
+        """Models by name; ``name_contains`` matches literally (``%`` and ``_`` are not wildcards)."""
+        stmt = select(m.Model).order_by(m.Model.name)
+        if name_contains:
+            stmt = stmt.where(m.Model.name.contains(name_contains, autoescape=True))
+        return stmt
+
+    def names(self) -> dict[uuid.UUID, str]:
+        with translated():
+            return {id_: name for id_, name in self.session.execute(select(m.Model.id, m.Model.name)).all()}
+
     def for_tenant(self, tenant_id: uuid.UUID) -> Sequence[m.Model]:
         return self.scalars(
             select(m.Model)
@@ -172,6 +244,20 @@ class ModelRepository(Repository[m.Model]):
             .where(m.TenantModel.tenant_id == tenant_id)
             .order_by(m.Model.name)
         )
+
+    def names_by_tenant(self, tenant_ids: Sequence[uuid.UUID]) -> dict[uuid.UUID, builtins.list[str]]:
+        """The names of the models each tenant may use (sorted), in one query."""
+        if not tenant_ids:
+            return {}
+        out: dict[uuid.UUID, list[str]] = {}
+        with translated():
+            rows = self.session.execute(
+                select(m.TenantModel.tenant_id, m.Model.name)
+                .join(m.Model, m.Model.id == m.TenantModel.model_id)
+                .where(m.TenantModel.tenant_id.in_(tenant_ids)).order_by(m.Model.name)).all()
+        for tid, name in rows:
+            out.setdefault(tid, []).append(name)
+        return out
 
 
 class TenantModelRepository(Repository[m.TenantModel]):
@@ -212,18 +298,80 @@ class DeploymentRepository(Repository[m.Deployment]):
             .order_by(m.Deployment.name)
         )
 
+    def query(
+        self,
+        *,
+        model_id: uuid.UUID | None = None,
+        desired_state: m.DesiredState | None = None,
+        observed_state: m.ObservedState | None = None,
+    ) -> Select[tuple[m.Deployment]]:
+        d = m.Deployment
+        stmt = select(d).order_by(d.name)
+        if model_id is not None:
+            stmt = stmt.where(d.model_id == model_id)
+        if desired_state is not None:
+            stmt = stmt.where(d.desired_state == desired_state)
+        if observed_state is not None:
+            stmt = stmt.where(d.observed_state == observed_state)
+        return stmt
+
+    def count_by_observed_state(self) -> dict[m.ObservedState, int]:
+        d = m.Deployment
+        with translated():
+            rows = self.session.execute(select(d.observed_state, func.count()).group_by(d.observed_state)).all()
+        return {m.ObservedState(state): int(n) for state, n in rows}
+
+    def try_reconcile_lock(self, key: int) -> bool:
+        """Takes the advisory lock ``key`` for the rest of this transaction; False if another holds it."""
+        with translated():
+            return bool(self.session.execute(text("SELECT pg_try_advisory_xact_lock(:k)"), {"k": key}).scalar())
+
+    def write_observed(self, deployment_id: uuid.UUID, *, state: m.ObservedState, reason: str | None,
+                       generation: int) -> None:
+        """What the reconciler saw, as a plain UPDATE: the row's ``version`` (its ETag) stays as it is."""
+        with translated():
+            self.session.execute(
+                update(m.Deployment)
+                .where(m.Deployment.id == deployment_id)
+                .values(observed_state=state, observed_reason=reason, observed_generation=generation,
+                        observed_at=dt.datetime.now(dt.UTC))
+                .execution_options(synchronize_session=False)
+            )
+
+    def remove_deleted(self, deployment_id: uuid.UUID) -> None:
+        """Deletes the row if (still) marked ``deleted``; a row brought back meanwhile is left alone."""
+        with translated():
+            self.session.execute(
+                delete(m.Deployment)
+                .where(m.Deployment.id == deployment_id, m.Deployment.desired_state == m.DesiredState.DELETED)
+                .execution_options(synchronize_session=False)
+            )
+
 
 class SloPolicyRepository(Repository[m.SloPolicy]):
     model = m.SloPolicy
     noun = "SLO policy"
 
     def list(self) -> Sequence[m.SloPolicy]:
-        return self.scalars(select(m.SloPolicy).order_by(m.SloPolicy.name))
+        return self.scalars(self.query())
+
+    def query(self) -> Select[tuple[m.SloPolicy]]:
+        return select(m.SloPolicy).order_by(m.SloPolicy.name)
 
 
 class SloAssignmentRepository(Repository[m.SloAssignment]):
     model = m.SloAssignment
     noun = "SLO assignment"
+
+    def query(self, *, tenant_id: uuid.UUID | None = None,
+              model_id: uuid.UUID | None = None) -> Select[tuple[m.SloAssignment]]:
+        a = m.SloAssignment
+        stmt = select(a).order_by(a.created_at, a.id)
+        if tenant_id is not None:
+            stmt = stmt.where(a.tenant_id == tenant_id)
+        if model_id is not None:
+            stmt = stmt.where(a.model_id == model_id)
+        return stmt
 
     def effective(self, tenant_id: uuid.UUID, model_id: uuid.UUID) -> m.SloPolicy | None:
         """The most specific policy: tenant+model, then tenant, then model."""
@@ -348,6 +496,46 @@ class UsageRepository(Repository[m.UsageRecord]):
                 .order_by(m.UsageDaily.day)
             ).all()
 
+    def daily_page(
+        self, *, tenant_id: uuid.UUID | None = None, model: str | None = None, since: dt.date | None = None,
+        until: dt.date | None = None, limit: int, offset: int,
+    ) -> tuple[Sequence[m.UsageDaily], int]:
+        """Roll-ups, newest day first, and how many match."""
+        u = m.UsageDaily
+        stmt = select(u).order_by(u.day.desc(), u.tenant_id, u.model)
+        if tenant_id is not None:
+            stmt = stmt.where(u.tenant_id == tenant_id)
+        if model is not None:
+            stmt = stmt.where(u.model == model)
+        if since is not None:
+            stmt = stmt.where(u.day >= since)
+        if until is not None:
+            stmt = stmt.where(u.day < until)
+        with translated():
+            total = self.session.scalar(select(func.count()).select_from(stmt.order_by(None).subquery()))
+            rows = self.session.scalars(stmt.limit(limit).offset(offset)).all()
+        return rows, int(total or 0)
+
+    def series(
+        self, tenant_id: uuid.UUID, *, since: dt.datetime, until: dt.datetime, bucket: str
+    ) -> Sequence[tuple[dt.datetime, str, int, int, int, int]]:
+        """``(bucket start (UTC, naive), model, requests, prompt, completion, cached tokens)`` per
+        ``bucket`` (``hour`` or ``day``) and model over ``[since, until)``; empty buckets are absent."""
+        if bucket not in ("hour", "day"):
+            raise errors.ValidationError("bucket is 'hour' or 'day'.", param="bucket")
+        u = m.UsageRecord
+        b = func.date_trunc(literal_column(f"'{bucket}'"), func.timezone("UTC", u.created_at)).label("b")
+        stmt = (
+            select(b, u.model, func.count(), func.sum(u.prompt_tokens), func.sum(u.completion_tokens),
+                   func.sum(u.cached_tokens))
+            .where(u.tenant_id == tenant_id, u.created_at >= since, u.created_at < until)
+            .group_by(b, u.model)
+        )
+        with translated():
+            rows = self.session.execute(stmt).all()
+        return [(bt, model, int(n), int(pt or 0), int(ct or 0), int(cached or 0))
+                for bt, model, n, pt, ct, cached in rows]
+
 
 class RequestRecordRepository(Repository[m.RequestRecord]):
     model = m.RequestRecord
@@ -365,6 +553,8 @@ class RequestRecordRepository(Repository[m.RequestRecord]):
         model: str | None = None,
         status: m.RequestStatus | None = None,
         since: dt.datetime | None = None,
+        deployment: str | None = None,
+        trace_id: str | None = None,
     ) -> Select[tuple[m.RequestRecord]]:
         r = m.RequestRecord
         stmt = select(r)
@@ -376,7 +566,65 @@ class RequestRecordRepository(Repository[m.RequestRecord]):
             stmt = stmt.where(r.status == status)
         if since is not None:
             stmt = stmt.where(r.started_at >= since)
+        if deployment is not None:
+            stmt = stmt.where(r.deployment == deployment)
+        if trace_id is not None:
+            stmt = stmt.where(r.trace_id == trace_id)
         return stmt.order_by(r.started_at.desc(), r.id)
+
+    def counts_since(self, since: dt.datetime) -> tuple[int, int]:
+        """Requests started at or after ``since``, and how many of them failed."""
+        r = m.RequestRecord
+        with translated():
+            total, failed = self.session.execute(
+                select(func.count(), func.count().filter(r.status == m.RequestStatus.FAILED))
+                .where(r.started_at >= since)).one()
+        return int(total), int(failed)
+
+    def latency_by_model(
+        self, tenant_id: uuid.UUID, *, since: dt.datetime, until: dt.datetime, percentiles: Sequence[float]
+    ) -> Sequence[tuple[str, int, int, list[float | None] | None, list[float | None] | None]]:
+        """Per model (by name) over requests started in ``[since, until)``: ``(model, requests,
+        completed, TTFT percentiles, TPOT percentiles)`` (``percentiles`` as fractions; None: no value)."""
+        r = m.RequestRecord
+        pct = [float(p) for p in percentiles]
+        stmt = (
+            select(r.model, func.count(), func.count().filter(r.status == m.RequestStatus.COMPLETED),
+                   func.percentile_cont(pct).within_group(r.ttft_ms),
+                   func.percentile_cont(pct).within_group(r.tpot_ms))
+            .where(r.tenant_id == tenant_id, r.started_at >= since, r.started_at < until)
+            .group_by(r.model)
+            .order_by(r.model)
+        )
+        with translated():
+            rows = self.session.execute(stmt).all()
+        return [(model, int(n), int(done), list(ttft) if ttft is not None else None,
+                 list(tpot) if tpot is not None else None) for model, n, done, ttft, tpot in rows]
+
+    def count_good(
+        self, tenant_id: uuid.UUID, model: str, *, since: dt.datetime, until: dt.datetime, ttft_ms: float,
+        tpot_ms: float,
+    ) -> int:
+        """Completed requests that met both targets (TPOT only where there is one: a single-token answer
+        has none)."""
+        r = m.RequestRecord
+        with translated():
+            return int(self.session.scalar(
+                select(func.count()).where(
+                    r.tenant_id == tenant_id, r.started_at >= since, r.started_at < until, r.model == model,
+                    r.status == m.RequestStatus.COMPLETED, r.ttft_ms.is_not(None), r.ttft_ms <= ttft_ms,
+                    r.tpot_ms.is_(None) | (r.tpot_ms <= tpot_ms),
+                )) or 0)
+
+    def timings(self, model: str, *, limit: int = 5000) -> list[dict[str, Any]]:
+        """The newest ``limit`` completed requests of ``model`` as the planner's calibration reads them."""
+        r = m.RequestRecord
+        cols = (r.prompt_tokens, r.completion_tokens, r.ttft_ms, r.tpot_ms, r.handoff_ms, r.kv_bytes,
+                r.started_at, r.finished_at, r.e2e_ms)
+        stmt = (select(*cols).where(r.model == model, r.status == m.RequestStatus.COMPLETED)
+                .order_by(r.started_at.desc(), r.id).limit(limit))
+        with translated():
+            return [dict(row._mapping) for row in self.session.execute(stmt).all()]
 
 
 class AuditRepository(Repository[m.AuditLog]):
@@ -403,19 +651,103 @@ class AuditRepository(Repository[m.AuditLog]):
         )
 
     def query(
-        self, *, target_type: str | None = None, tenant_id: uuid.UUID | None = None
+        self, *, target_type: str | None = None, tenant_id: uuid.UUID | None = None, target_id: str | None = None,
+        actor: str | None = None, action: str | None = None,
     ) -> Select[tuple[m.AuditLog]]:
-        stmt = select(m.AuditLog)
+        a = m.AuditLog
+        stmt = select(a)
         if target_type is not None:
-            stmt = stmt.where(m.AuditLog.target_type == target_type)
+            stmt = stmt.where(a.target_type == target_type)
         if tenant_id is not None:
-            stmt = stmt.where(m.AuditLog.tenant_id == tenant_id)
-        return stmt.order_by(m.AuditLog.id.desc())
+            stmt = stmt.where(a.tenant_id == tenant_id)
+        if target_id is not None:
+            stmt = stmt.where(a.target_id == target_id)
+        if actor is not None:
+            stmt = stmt.where(a.actor == actor)
+        if action is not None:
+            stmt = stmt.where(a.action == action)
+        return stmt.order_by(a.id.desc())
+
+    def names(self, rows: Sequence[m.AuditLog]) -> list[tuple[str | None, str | None]]:
+        """``(target name, tenant name)`` of each row, in one query for all of them.
+
+        Names are today's (a renamed model shows its new name); a target that no longer exists is named
+        from the row's own snapshot (``name`` or ``email`` in ``before``/``after``), else None."""
+        wanted: dict[str, set[uuid.UUID]] = {}
+        for row in rows:
+            table = _AUDIT_NAMED.get(row.target_type)
+            target = _as_uuid(row.target_id)
+            if table is not None and target is not None:
+                wanted.setdefault(table, set()).add(target)
+            if row.tenant_id is not None:
+                wanted.setdefault("tenant", set()).add(row.tenant_id)
+        found: dict[tuple[str, uuid.UUID], str] = {}
+        parts = []
+        for table, ids in wanted.items():
+            if table == "slo_assignment":
+                sa, sp = m.SloAssignment, m.SloPolicy
+                parts.append(select(literal(table).label("t"), sa.id.label("id"), sp.name.label("name"))
+                             .join(sp, sp.id == sa.policy_id).where(sa.id.in_(ids)))
+            else:
+                model, column = _AUDIT_NAME_COLUMNS[table]
+                parts.append(select(literal(table).label("t"), model.id.label("id"), column.label("name"))
+                             .where(model.id.in_(ids)))
+        if parts:
+            with translated():
+                for table, id_, name in self.session.execute(union_all(*parts)).all():
+                    found[(table, id_)] = name
+        out: list[tuple[str | None, str | None]] = []
+        for row in rows:
+            table = _AUDIT_NAMED.get(row.target_type)
+            target = _as_uuid(row.target_id)
+            name = found.get((table, target)) if table is not None and target is not None else None
+            if name is None and row.target_type != "tenant_model":
+                for snap in (row.after, row.before):
+                    if isinstance(snap, dict) and isinstance(snap.get("name") or snap.get("email"), str):
+                        name = snap.get("name") or snap.get("email")
+                        break
+            tenant = found.get(("tenant", row.tenant_id)) if row.tenant_id is not None else None
+            out.append((name, tenant))
+        return out
+
+
+#: Audit target types named from a table (``tenant_model`` rows target the model).
+_AUDIT_NAMED: dict[str, str] = {
+    "tenant": "tenant", "user": "user", "api_key": "api_key", "model": "model", "tenant_model": "model",
+    "deployment": "deployment", "slo_policy": "slo_policy", "slo_assignment": "slo_assignment",
+    "admin_token": "admin_token",
+}
+_AUDIT_NAME_COLUMNS: dict[str, tuple[Any, Any]] = {
+    "tenant": (m.Tenant, m.Tenant.name), "user": (m.User, m.User.email), "api_key": (m.ApiKey, m.ApiKey.name),
+    "model": (m.Model, m.Model.name), "deployment": (m.Deployment, m.Deployment.name),
+    "slo_policy": (m.SloPolicy, m.SloPolicy.name), "admin_token": (m.AdminToken, m.AdminToken.name),
+}
+
+
+def _as_uuid(value: Any) -> uuid.UUID | None:
+    if isinstance(value, uuid.UUID):
+        return value
+    try:
+        return uuid.UUID(str(value)) if value else None
+    except ValueError:
+        return None
 
 
 class JobRepository(Repository[m.Job]):
     model = m.Job
     noun = "job"
+
+    def query(self, *, kind: str | None = None, status: m.JobStatus | None = None,
+              deployment_id: uuid.UUID | None = None) -> Select[tuple[m.Job]]:
+        j = m.Job
+        stmt = select(j).order_by(j.created_at.desc(), j.id)
+        if kind is not None:
+            stmt = stmt.where(j.kind == kind)
+        if status is not None:
+            stmt = stmt.where(j.status == status)
+        if deployment_id is not None:
+            stmt = stmt.where(j.deployment_id == deployment_id)
+        return stmt
 
     def mark(self, job: m.Job, status: m.JobStatus, *, error: str | None = None,
              result: dict[str, Any] | None = None) -> None:
@@ -432,9 +764,78 @@ class JobRepository(Repository[m.Job]):
         self.flush()
 
 
+class AccessRequestRepository(Repository[m.AccessRequest]):
+    model = m.AccessRequest
+    noun = "access request"
+
+    def get_for_update(self, request_id: uuid.UUID) -> m.AccessRequest | None:
+        """The request, locked until the transaction ends (two operators answering it at once: one wins)."""
+        with translated():
+            return self.session.get(m.AccessRequest, request_id, with_for_update=True)
+
+    def query(self, *, tenant_id: uuid.UUID | None = None,
+              state: m.AccessRequestState | None = None) -> Select[tuple[m.AccessRequest]]:
+        """Pending requests oldest first (a queue); answered ones newest first."""
+        a = m.AccessRequest
+        stmt = select(a)
+        if tenant_id is not None:
+            stmt = stmt.where(a.tenant_id == tenant_id)
+        if state is not None:
+            stmt = stmt.where(a.state == state)
+        if state is m.AccessRequestState.PENDING:
+            return stmt.order_by(a.requested_at, a.id)
+        return stmt.order_by(a.requested_at.desc(), a.id)
+
+    def pending(self, tenant_id: uuid.UUID, model_id: uuid.UUID | None) -> m.AccessRequest | None:
+        """The tenant's pending request for this model (``None``: for any model)."""
+        a = m.AccessRequest
+        cond = a.model_id.is_(None) if model_id is None else a.model_id == model_id
+        with translated():
+            return self.session.scalar(
+                select(a).where(a.tenant_id == tenant_id, a.state == m.AccessRequestState.PENDING, cond))
+
+    def satisfied_by(self, tenant_id: uuid.UUID, model_id: uuid.UUID) -> Sequence[m.AccessRequest]:
+        """Pending requests a grant of ``model_id`` answers: those for it, and those for any model."""
+        a = m.AccessRequest
+        return self.scalars(select(a).where(
+            a.tenant_id == tenant_id, a.state == m.AccessRequestState.PENDING,
+            a.model_id.is_(None) | (a.model_id == model_id)).order_by(a.requested_at).with_for_update())
+
+    def pending_by_tenant(self, tenant_ids: Sequence[uuid.UUID]) -> dict[uuid.UUID, m.AccessRequest]:
+        """Each tenant's oldest pending request, in one query."""
+        if not tenant_ids:
+            return {}
+        a = m.AccessRequest
+        rows = self.scalars(select(a).where(a.tenant_id.in_(tenant_ids), a.state == m.AccessRequestState.PENDING)
+                            .order_by(a.requested_at.desc()))
+        return {r.tenant_id: r for r in rows}
+
+
+class StoredResponseRepository(Repository[m.StoredResponse]):
+    model = m.StoredResponse
+    noun = "response"
+
+    def live(self, response_id: str, now: dt.datetime) -> m.StoredResponse | None:
+        """The stored response if it has not expired (row-level security keeps it to its tenant)."""
+        r = m.StoredResponse
+        with translated():
+            return self.session.scalar(select(r).where(r.id == response_id, r.expires_at > now))
+
+    def delete_expired(self, now: dt.datetime, *, batch: int = 10_000) -> int:
+        """Deletes up to ``batch`` expired responses; returns how many."""
+        r = m.StoredResponse
+        ids = select(r.id).where(r.expires_at <= now).limit(batch).scalar_subquery()
+        with translated():
+            res = self.session.execute(delete(r).where(r.id.in_(ids)))
+        return int(getattr(res, "rowcount", 0) or 0)
+
+
 class AdminTokenRepository(Repository[m.AdminToken]):
     model = m.AdminToken
     noun = "admin token"
+
+    def list(self) -> Sequence[m.AdminToken]:
+        return self.scalars(select(m.AdminToken).order_by(m.AdminToken.name))
 
     def by_hash(self, token_hash: bytes) -> m.AdminToken | None:
         with translated():

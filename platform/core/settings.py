@@ -120,6 +120,18 @@ class GatewaySettings(BaseModel):
         "a few quick 5xx until Ray Serve routes around it)."
     )
     resume_backoff_s: float = Field(0.1, gt=0, description="First wait between attempts (doubles, max 2 s).")
+    max_request_bytes: int = Field(
+        4 * 2**20, ge=1024, description="Largest request body any route accepts (bytes): a larger one is refused "
+        "with 413 before it is read whole."
+    )
+    responses_retention_days: float = Field(
+        30.0, gt=0, description="How long a stored `/v1/responses` answer is kept (then GET and "
+        "`previous_response_id` no longer find it, and the worker deletes it)."
+    )
+    last_used_flush_s: float = Field(
+        5.0, gt=0, description="How often the keys that authenticated are written as `api_keys.last_used_at` "
+        "(one UPDATE per process and period, never on the request path; also on shutdown)."
+    )
 
 
 class SecuritySettings(BaseModel):
@@ -160,6 +172,23 @@ class ControlSettings(BaseModel):
     mean_prompt_tokens: int = Field(512, ge=1, description="Prompt length assumed when compiling SLOs.")
 
 
+class TenancySettings(BaseModel):
+    default_models: list[str] = Field(
+        default_factory=list,
+        description="Models a new organisation may use from its sign-up (names; [\"*\"]: every model). "
+        "Empty: it waits for an operator's grant.",
+    )
+
+
+class ConsoleSettings(BaseModel):
+    allowed_origins: list[str] = Field(
+        default_factory=list,
+        description="Origins (scheme://host[:port]) besides the console's own from which a browser may sign "
+        "in or sign up, e.g. a front end served elsewhere. A request with another Origin header is refused "
+        "(403); one without (a non-browser client) is not.",
+    )
+
+
 class Settings(BaseSettings):
     """The whole tree. Build it with :func:`load_settings` at start-up."""
 
@@ -176,6 +205,8 @@ class Settings(BaseSettings):
     security: SecuritySettings = Field(default_factory=SecuritySettings)
     telemetry: TelemetrySettings = Field(default_factory=TelemetrySettings)
     control: ControlSettings = Field(default_factory=ControlSettings)
+    tenancy: TenancySettings = Field(default_factory=TenancySettings)
+    console: ConsoleSettings = Field(default_factory=ConsoleSettings)
 
     def check_production(self) -> None:
         """Refuse to run in prod with the development secrets."""

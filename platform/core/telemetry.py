@@ -137,7 +137,3 @@ def handoff_attributes(
         attrs["baton.kv.expected_bytes"] = expected_bytes
     return attrs
 
-
-def kv_bytes(*, num_layers: int, num_kv_heads: int, head_dim: int, tokens: int, bytes_per_element: int) -> int:
-    """The KV-size formula: ``2 x layers x kv_heads x head_dim x tokens x bytes``."""
-    return 2 * num_layers * num_kv_heads * head_dim * tokens * bytes_per_element

@@ -80,6 +80,16 @@ class StubServe:
                          for n, e in entries.items()}
 
 
+class StubNotifier:
+    """Reconciles against :class:`StubServe` in a thread; gateway invalidations go nowhere."""
+
+    def __init__(self, trigger: Any) -> None:
+        self.reconcile = trigger
+
+    def invalidate(self, kind: str, id_: Any) -> None:
+        return None
+
+
 def stub_reconcile_trigger(settings: Any, db: Database) -> Any:
     """What the admin API calls after a change: reconcile now, and again shortly (a beat's drift repair)."""
     from baton.control.reconciler import Reconciler
@@ -108,10 +118,8 @@ class Stack:
 
 @pytest.fixture(scope="session")
 def stack(settings, db: Database) -> Iterator[Stack]:  # type: ignore[no-untyped-def]
-    from baton.api.admin.deps import AdminContext
     from baton.api.app import create_app
     from baton.api.console.auth import create_operator
-    from baton.control.keys import KeyService, RedisKeyEvents
     from tests.integration.gateway.stub_upstream import app as stub_app
 
     model_name = f"tiny-chat-{uuid.uuid4().hex[:6]}"
@@ -125,13 +133,9 @@ def stack(settings, db: Database) -> Iterator[Stack]:  # type: ignore[no-untyped
 
     with serve(stub_app) as upstream:
         gateway = settings.gateway.model_copy(update={"upstreams": {model_name: f"{upstream}/v1"},
-                                                      "usage_flush_interval_s": 0.05})
+                                                      "usage_flush_interval_s": 0.05, "last_used_flush_s": 0.2})
         s = settings.model_copy(update={"gateway": gateway})
-        app = create_app(s, db=db)
-        app.state.admin = AdminContext(
-            settings=s, db=db, keys=KeyService(db, s, events=RedisKeyEvents.from_settings(s)),
-            trigger_reconcile=stub_reconcile_trigger(s, db), invalidate=lambda kind, id_: None,
-        )
+        app = create_app(s, db=db, notify=StubNotifier(stub_reconcile_trigger(s, db)))
         with serve(app) as url:
             yield Stack(url=url, model=model_name, model_id=model_id, operator_email=operator_email, db=db)
 
@@ -164,3 +168,18 @@ def page(browser, stack: Stack) -> Iterator[Any]:  # type: ignore[no-untyped-def
 
 def shot(page: Any, name: str) -> None:
     page.screenshot(path=str(SCREENSHOTS / f"{name}.png"), full_page=True)
+
+
+def operator_page(browser: Any, stack: Stack) -> Any:
+    """A page of a new browser context where the stack's operator has signed in (close its ``.context``)."""
+    from playwright.sync_api import expect
+
+    ctx = browser.new_context(base_url=stack.url, viewport={"width": 1366, "height": 768})
+    ctx.set_default_timeout(15000)
+    page = ctx.new_page()
+    page.goto("/console/login")
+    page.get_by_label("Email").fill(stack.operator_email)
+    page.get_by_label("Password").fill(PASSWORD)
+    page.get_by_role("button", name="Sign in").click()
+    expect(page.get_by_role("heading", name="Platform health")).to_be_visible()
+    return page

@@ -15,7 +15,7 @@ from playwright.sync_api import expect
 
 from baton.core.db import Database
 
-from .conftest import PASSWORD, Stack, shot
+from .conftest import PASSWORD, Stack, operator_page, shot
 
 pytestmark = pytest.mark.browser
 
@@ -43,12 +43,30 @@ def grant(db: Database, tenant_slug: str, model_id: uuid.UUID) -> uuid.UUID:
         return t.id
 
 
+def approve_in_console(browser: Any, stack: Stack, slug: str) -> None:
+    """An operator signs in, finds the organisation's request for any model in the queue and grants the model."""
+    ops = operator_page(browser, stack)
+    ops.get_by_role("link", name="Tenants").click()
+    queue = ops.get_by_test_id("access-requests")
+    row = queue.get_by_role("row", name=re.compile(slug))
+    approve = row.get_by_role("button", name=re.compile("Approve"))
+    expect(approve).to_be_disabled()  # a request for any model: the operator chooses which
+    shot(ops, "07-operator-access-queue")
+    row.get_by_label("Any model: grant").select_option(label=stack.model)
+    approve.click()
+    expect(queue.get_by_role("row", name=re.compile(slug))).to_have_count(0)
+    tenants = ops.get_by_role("table", name="Tenants")
+    expect(tenants.get_by_role("row", name=re.compile(slug))).to_contain_text(stack.model)
+    shot(ops, "08-operator-access-approved")
+    ops.context.close()
+
+
 def stat(page: Any, label: str) -> Any:
     label_el = page.locator(".stat-label", has_text=re.compile(f"^{label}$"))
     return page.locator(".stat", has=label_el).locator(".stat-value")
 
 
-def test_tenant_journey(page, stack: Stack) -> None:  # type: ignore[no-untyped-def]
+def test_tenant_journey(page, browser, stack: Stack) -> None:  # type: ignore[no-untyped-def]
     from openai import OpenAI
 
     slug, _ = sign_up(page, stack)
@@ -56,8 +74,15 @@ def test_tenant_journey(page, stack: Stack) -> None:  # type: ignore[no-untyped-
     expect(stat(page, "Live API keys")).to_have_text("0")
     expect(stat(page, "Models you may use")).to_have_text("0")
     expect(page.get_by_role("alert")).to_have_count(0)
+    # no default grant in this stack: the organisation is told it waits for an operator, who has its request
+    expect(page.get_by_test_id("access-waiting")).to_contain_text("Waiting for access")
+    expect(page.get_by_test_id("access-pending")).to_contain_text("is with the operators")
     shot(page, "01-tenant-overview")
-    grant(stack.db, slug, stack.model_id)
+    approve_in_console(browser, stack, slug)
+    page.reload()
+    expect(stat(page, "Models you may use")).to_have_text("1")
+    expect(page.get_by_test_id("access-waiting")).to_have_count(0)
+    expect(page.get_by_text(f'model="{stack.model}"')).to_be_visible()
 
     # A key scoped to the model; its secret is shown once.
     page.get_by_role("navigation", name="Console").get_by_role("link", name="API keys").click()
@@ -91,6 +116,15 @@ def test_tenant_journey(page, stack: Stack) -> None:  # type: ignore[no-untyped-
     expect(page.get_by_role("img", name=re.compile("Requests per hour"))).to_be_visible()
     shot(page, "03-tenant-usage")
 
+    # The key's last use is written in the background and shows on the keys page.
+    page.goto("/console/keys")
+    last_used = page.get_by_role("row", name=re.compile("production")).locator("td").nth(4)
+    deadline = time.monotonic() + 20
+    while not re.search(r"\d{4}", last_used.inner_text()):  # a dash until the first write
+        assert time.monotonic() < deadline, "the key's last use did not appear"
+        time.sleep(0.3)
+        page.reload()
+
     # The playground streams a completion with a short-lived key.
     page.goto("/console/playground")
     expect(page.get_by_label("Model")).to_have_value(stack.model)
@@ -100,11 +134,19 @@ def test_tenant_journey(page, stack: Stack) -> None:  # type: ignore[no-untyped-
     expect(page.get_by_test_id("playground-status")).to_contain_text("Done", timeout=20000)
     expect(page.get_by_test_id("playground-output")).to_contain_text("tok")
     shot(page, "04-tenant-playground")
+    # A second visit sends with a fresh page: the user still holds one playground key, not two.
+    page.reload()
+    page.get_by_label("Your message").fill("Again")
+    page.get_by_label("Max tokens").fill("3")
+    page.get_by_role("button", name="Send").click()
+    expect(page.get_by_test_id("playground-status")).to_contain_text("Done", timeout=20000)
+    page.goto("/console/keys")
+    expect(page.get_by_role("rowheader", name=re.compile("^playground-"))).to_have_count(1)
 
     # Requests, and one request's waterfall.
     page.goto("/console/requests")
     rows = page.locator("tbody tr")
-    expect(rows).to_have_count(2, timeout=20000)
+    expect(rows).to_have_count(3, timeout=20000)
     rows.first.get_by_role("link").click()
     expect(page.get_by_text(re.compile("^Trace waterfall"))).to_be_visible()
     names = page.locator(".wf-name").all_inner_texts()
@@ -177,7 +219,8 @@ def test_operator_creates_a_deployment_and_sees_it_running(page, stack: Stack) -
     page.get_by_label("Tenant", exact=True).select_option(label=slug)
     page.get_by_label("Model", exact=True).select_option(label=stack.model)
     page.get_by_role("button", name="Grant").click()
-    expect(page.get_by_role("row", name=re.compile(slug))).to_contain_text(stack.model)
+    tenants = page.get_by_role("table", name="Tenants")
+    expect(tenants.get_by_role("row", name=re.compile(slug))).to_contain_text(stack.model)
     shot(page, "08-operator-tenants")
 
     page.get_by_role("link", name="SLO policies").click()
@@ -209,6 +252,16 @@ def test_operator_creates_a_deployment_and_sees_it_running(page, stack: Stack) -
     expect(page.get_by_test_id("plan-recommended")).not_to_be_empty(timeout=30000)
     expect(page.get_by_role("img", name=re.compile("Planner plot"))).to_be_visible()
     shot(page, "11-operator-planner")
+
+    # an SLO nothing meets: no recommendation, the closest configuration and what would meet it
+    page.get_by_label("TTFT SLO (ms)").fill("1")
+    page.get_by_role("button", name="Plan").click()
+    infeasible = page.get_by_test_id("plan-infeasible")
+    expect(infeasible).to_contain_text("Nothing meets this SLO", timeout=30000)
+    expect(infeasible).to_contain_text("Closest:")
+    expect(page.get_by_test_id("plan-recommended")).to_have_count(0)
+    expect(page.get_by_role("img", name=re.compile("nothing meets it"))).to_be_visible()
+    shot(page, "11b-operator-planner-nothing-meets")
 
     page.get_by_role("link", name="Audit log").click()
     expect(page.get_by_role("rowheader", name="deployment.create").first).to_be_visible()

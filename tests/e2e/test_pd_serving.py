@@ -6,7 +6,7 @@ import random
 
 import pytest
 
-from baton.dataplane.render import kv_bytes_block_rounded
+from baton.core.contracts import kv_bytes_block_rounded
 from baton.dataplane.spec import DeploymentSpec
 from baton.dataplane.tinymodel import DEFAULT_SHAPE
 
@@ -63,6 +63,7 @@ def test_greedy_outputs_identical_in_aggregated_and_pd_mode(serve_cluster, tiny_
         assert len({o[0] for o in aggregated}) > 1  # the prompts really lead to different outputs
 
         _check_decode_computed_none_of_the_prompt(serve_cluster, pd_url)
+        _check_cached_tokens_are_the_prefill_engines(pd_url)
     finally:
         serve_cluster.delete("tiny-pd")
 
@@ -116,8 +117,35 @@ def _check_decode_computed_none_of_the_prompt(serve_cluster, pd_url):
         num_layers=DEFAULT_SHAPE.num_hidden_layers,
         num_kv_heads=DEFAULT_SHAPE.num_key_value_heads,
         head_dim=DEFAULT_SHAPE.head_dim,
-        dtype_bytes=4,
+        bytes_per_element=4,
         block_size=BLOCK,
     )
     assert moved == expected == 8 * 128 * 1024
     assert delta["bytes"] > 0
+
+
+def _streamed_usage(base_url: str, prompt: list[int]) -> dict:
+    import json
+
+    import httpx
+
+    body = {"model": "tiny", "prompt": prompt, "max_tokens": 2, "temperature": 0, "stream": True,
+            "stream_options": {"include_usage": True}}
+    with httpx.stream("POST", f"{base_url}/completions", json=body, timeout=300) as r:
+        r.raise_for_status()
+        events = [json.loads(line[6:]) for line in r.iter_lines() if line.startswith("data: {")]
+    return next(e["usage"] for e in reversed(events) if e.get("usage"))
+
+
+def _check_cached_tokens_are_the_prefill_engines(pd_url):
+    """Usage reports what the prefill engine really reused, not the prompt the decode engine received over
+    NIXL: none of a fresh prompt, its whole blocks when the same prompt comes again (the same in a stream's
+    usage). Needs ``enable_prompt_tokens_details`` on the engines (render.engine_kwargs)."""
+    prompt = token_prompt(600, seed=123)
+    fresh = completion(pd_url, prompt, max_tokens=2)["usage"]
+    assert fresh["prompt_tokens"] == 600 and fresh["prompt_tokens_details"]["cached_tokens"] == 0
+    again = completion(pd_url, prompt, max_tokens=2)["usage"]["prompt_tokens_details"]["cached_tokens"]
+    assert 0 < again < 600 and again % BLOCK == 0, again
+    assert _streamed_usage(pd_url, prompt)["prompt_tokens_details"]["cached_tokens"] == again
+    other = _streamed_usage(pd_url, token_prompt(300, seed=124))
+    assert other["prompt_tokens_details"]["cached_tokens"] == 0

@@ -12,6 +12,7 @@ import httpx
 import pytest
 
 from baton.core import telemetry as t
+from baton.core.contracts import PHASE_KV_HANDOFF, PHASE_REMOTE_PREFILL, PhasesFact, fact_key, kv_bytes
 from baton.dataplane.spec import DeploymentSpec
 from baton.dataplane.tinymodel import DEFAULT_SHAPE
 
@@ -70,7 +71,7 @@ def test_each_pd_request_is_one_tree_with_prefill_handoff_and_decode(serve_clust
             per_token = DEFAULT_SHAPE.kv_bytes_per_token(dtype_bytes=4)
             assert per_token == 2 * 2 * 2 * 32 * 4
             # expected_bytes: the formula for exactly the prompt's tokens; bytes: the whole blocks NIXL moved.
-            assert handoff["attrs"]["baton.kv.expected_bytes"] == t.kv_bytes(
+            assert handoff["attrs"]["baton.kv.expected_bytes"] == kv_bytes(
                 num_layers=2, num_kv_heads=2, head_dim=32, tokens=n, bytes_per_element=4) == n * per_token
             assert handoff["attrs"]["baton.kv.blocks"] == -(-n // BLOCK)
             assert handoff["attrs"]["baton.kv.bytes"] == -(-n // BLOCK) * BLOCK * per_token
@@ -94,9 +95,14 @@ def test_each_pd_request_is_one_tree_with_prefill_handoff_and_decode(serve_clust
             assert hold["attrs"]["baton.kv.hold_ms"] > 0
             assert hold["start"] <= transfer["start"]  # pinned before the decode side began to read it
             # The handoff fact for the gateway's request record.
-            fact = redis_client.hget(f"baton:req:{rid}", "handoff")
+            fact = redis_client.hget(fact_key(rid), "handoff")
             assert fact is not None and b'"kv_bytes":' in fact
-            measured = redis_client.hget(f"baton:req:{rid}", "kv_transfer")
+            # The decode server's measured phases: one prefill call, then the handoff to the first token.
+            phases = PhasesFact.from_json(json.loads(redis_client.hget(fact_key(rid), "phases") or b"{}"))
+            assert [(p.phase, p.outcome) for p in phases.phases] == [(PHASE_REMOTE_PREFILL, "ok"),
+                                                                     (PHASE_KV_HANDOFF, "ok")]
+            assert phases.phases[0].end_ms <= phases.phases[1].start_ms
+            measured = redis_client.hget(fact_key(rid), "kv_transfer")
             assert measured is not None
             measured_fact = json.loads(measured)
             assert measured_fact["kv_bytes"] == transfer["attrs"]["baton.kv.bytes"]

@@ -116,11 +116,13 @@ def own_db() -> Iterator[tuple[Any, Any]]:
 
 @pytest.fixture(scope="module")
 def stack(own_db, ray_head: str, tiny_model: Path):  # type: ignore[no-untyped-def]
+    import redis
+
     from baton.api.admin.deps import AdminContext
     from baton.api.admin.router import router
-    from baton.control.keys import KeyService
     from baton.control.ray_client import RayServeClient
     from baton.control.reconciler import Reconciler
+    from baton.control.services import ControlPlane, RecordingNotifier
 
     settings, db = own_db
     s = settings.model_copy(
@@ -131,15 +133,16 @@ def stack(own_db, ray_head: str, tiny_model: Path):  # type: ignore[no-untyped-d
     )
     client = RayServeClient.from_settings(s)
     reconciler = Reconciler.from_settings(s, db, client)
-    triggers: list[str] = []
+    notifier = RecordingNotifier()
+    red = redis.Redis.from_url(s.redis.url)
     app = FastAPI()
     app.include_router(router, prefix="/admin/v1")
-    app.state.admin = AdminContext(
-        settings=s, db=db, keys=KeyService(db, s), trigger_reconcile=triggers.append, invalidate=lambda kind, id_: None
-    )
+    app.state.admin = AdminContext(settings=s, db=db,
+                                   control=ControlPlane.build(s, db, redis_client=red, notify=notifier))
     with TestClient(app, headers={"Authorization": f"Bearer {TOKEN}"}) as http:
-        yield http, reconciler, client, triggers
+        yield http, reconciler, client, notifier.reconciles
     client.close()
+    red.close()
 
 
 def _converge(reconciler: Any, check: Callable[[], bool], what: str) -> None:

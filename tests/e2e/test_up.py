@@ -19,6 +19,7 @@ import psutil
 import pytest
 from sqlalchemy.engine import make_url
 
+from baton.control.ray_client import read_token
 from tests.conftest import drop_database
 
 from .conftest import stack_pids
@@ -87,9 +88,10 @@ def test_up_serves_the_tiny_model_in_pd_mode_and_down_stops_it(tmp_path: Path, p
         assert body.rstrip().endswith("data: [DONE]") and "event: error" not in body
         events = [json.loads(line[6:]) for line in body.splitlines() if line.startswith("data: {")]
         assert events[-1]["usage"]["completion_tokens"] == 8
-        token = Path.home().joinpath(".ray", "auth_token").read_text().strip()
+        # as Baton's own Ray client does: the head's token when it wrote one (Ray's token auth), else none
+        token = read_token(Path.home() / ".ray" / "auth_token")
         status = httpx.get(f"http://127.0.0.1:{dashboard}/api/serve/applications/", timeout=10,
-                           headers={"authorization": f"Bearer {token}"})
+                           headers={"authorization": f"Bearer {token}"} if token else {})
         apps = status.json()["applications"]
         # the decode pool is the app clients reach; the prefill pool is an app of its own (the fallback)
         assert any(name.startswith("Decode") for name in apps["tiny-llama-pd"]["deployments"])

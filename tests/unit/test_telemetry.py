@@ -34,11 +34,6 @@ def test_unreachable_collector_costs_only_the_spans() -> None:
     tracing.shutdown()
 
 
-def test_kv_formula_matches_the_seed_example() -> None:
-    # 32 layers, 8 KV heads, head_dim 128, BF16, 4096 tokens = 512 MiB
-    assert t.kv_bytes(num_layers=32, num_kv_heads=8, head_dim=128, tokens=4096, bytes_per_element=2) == 512 * 2**20
-
-
 def test_handoff_attributes_ratio() -> None:
     attrs = t.handoff_attributes(connector="nixl", kv_bytes=2_000_000_000, expected_bytes=None, transfer_ms=2000,
                                  bandwidth_gbps=2.0)

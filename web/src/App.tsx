@@ -2,7 +2,7 @@ import { useEffect, useState } from "react";
 import { ApiError, api, setCsrf, type SessionInfo } from "./api";
 import { SignIn, SignUp } from "./auth";
 import { ErrorMessage, Loading, Page } from "./components";
-import { Audit, Deployments, OpsOverview, Planner, SloPolicies, Tenants } from "./ops";
+import { Audit, Deployments, ModelsCatalogue, OpsOverview, Planner, SloPolicies, Tenants } from "./ops";
 import { Link, RouterProvider, useRoute } from "./router";
 import { Keys, Models, Overview, Playground, RequestPage, Requests, SloPage, UsagePage } from "./tenant";
 
@@ -19,6 +19,7 @@ const TENANT_NAV: [string, string][] = [
 const OPS_NAV: [string, string][] = [
   ["/ops", "Health"],
   ["/ops/tenants", "Tenants"],
+  ["/ops/models", "Models"],
   ["/ops/deployments", "Deployments"],
   ["/ops/slo", "SLO policies"],
   ["/ops/planner", "Planner"],
@@ -95,6 +96,7 @@ function Shell() {
     if (!isOperator) page = <Forbidden what="Only platform operators may open this page." />;
     else if (path === "/ops") page = <OpsOverview />;
     else if (path === "/ops/tenants") page = <Tenants />;
+    else if (path === "/ops/models") page = <ModelsCatalogue />;
     else if (path === "/ops/deployments") page = <Deployments />;
     else if (path === "/ops/slo") page = <SloPolicies />;
     else if (path === "/ops/planner") page = <Planner />;

@@ -156,3 +156,29 @@ export interface RequestDetail extends RequestRow {
   recovery: Record<string, unknown>[];
   waterfall: Span[];
 }
+
+export interface AccessRequest {
+  id: string;
+  tenant_id: string;
+  tenant_name: string | null;
+  tenant_display_name: string | null;
+  model_id: string | null;
+  model: string | null;
+  note: string | null;
+  state: "pending" | "approved" | "declined";
+  requested_by: string;
+  requested_at: string;
+  resolved_at: string | null;
+  resolved_by: string | null;
+  reason: string | null;
+}
+
+export interface CatalogueModel {
+  id: string;
+  name: string;
+  context_length: number;
+  dtype: string;
+  params_b: number | null;
+  granted: boolean;
+  requested: boolean;
+}

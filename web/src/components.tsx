@@ -1,4 +1,4 @@
-import { useCallback, useEffect, useRef, useState, type ReactNode } from "react";
+import { useCallback, useEffect, useRef, useState, type ReactNode, type RefObject } from "react";
 import { ApiError, api, type Span } from "./api";
 
 // --- data loading -------------------------------------------------------------------------------
@@ -28,6 +28,49 @@ export function useApi<T>(path: string | null, deps: unknown[] = [], pollMs = 0)
     return () => window.clearInterval(t);
   }, [load, pollMs]);
   return { data, error, loading, reload: load };
+}
+
+/** Runs a change (a POST, PUT, ...), keeps its error for the page and reloads what it changed. */
+export function useAction(after: () => void) {
+  const [error, setError] = useState<ApiError | null>(null);
+  const [busy, setBusy] = useState(false);
+  const run = async (fn: () => Promise<unknown>) => {
+    setBusy(true);
+    setError(null);
+    try {
+      await fn();
+      after();
+      return true;
+    } catch (e) {
+      setError(e as ApiError);
+      return false;
+    } finally {
+      setBusy(false);
+    }
+  };
+  /** A destructive change: runs only once the person confirms ``question``. */
+  const confirmed = (question: string, fn: () => Promise<unknown>) => (window.confirm(question) ? run(fn) : Promise.resolve(false));
+  return { error, busy, run, confirmed };
+}
+
+/** A table's header row: the column names, and a last column for row actions named for screen readers. */
+export function TableHead({ cols, actions }: { cols: string[]; actions?: string }) {
+  return (
+    <thead>
+      <tr>
+        {cols.map((c) => (
+          <th scope="col" key={c}>
+            {c}
+          </th>
+        ))}
+        {actions && (
+          <th scope="col">
+            <span className="sr-only">{actions}</span>
+          </th>
+        )}
+      </tr>
+    </thead>
+  );
 }
 
 // --- page frame ---------------------------------------------------------------------------------
@@ -131,7 +174,8 @@ export const fmtInt = (n: number | null | undefined) => (n === null || n === und
 export const fmtMs = (n: number | null | undefined) =>
   n === null || n === undefined ? "–" : n < 10 ? `${n.toFixed(2)} ms` : n < 1000 ? `${n.toFixed(1)} ms` : `${(n / 1000).toFixed(2)} s`;
 export const fmtPct = (n: number | null | undefined) => (n === null || n === undefined ? "–" : `${(n * 100).toFixed(1)} %`);
-export const fmtTime = (iso: string | null | undefined) => (iso ? new Date(iso).toLocaleString("en-GB", { hour12: false }) : "–");
+export const fmtTime = (iso: string | null | undefined) =>
+  iso ? new Date(iso).toLocaleString("en-GB", { day: "numeric", month: "short", year: "numeric", hour: "2-digit", minute: "2-digit", hour12: false }) : "–";
 export function fmtBytes(n: number | null | undefined) {
   if (n === null || n === undefined) return "–";
   const units = ["B", "KiB", "MiB", "GiB"];
@@ -167,18 +211,21 @@ export function BarChart({
   height?: number;
   unit?: string;
 }) {
-  const width = 720;
-  const pad = { l: 56, r: 12, t: 12, b: 28 };
+  const ref = useRef<HTMLElement | null>(null);
+  // drawn at the container's own width, so that 12 px labels stay 12 px on a phone
+  const width = useWidth(ref, 720);
+  const pad = { l: 52, r: 12, t: 12, b: 30 };
   const totals = values.map((v) => v.reduce((a, b) => a + b, 0));
   const max = Math.max(1, ...totals);
-  const nice = Math.max(niceMax(max), 4); // counts: at least 0..4 so that ticks stay whole numbers
+  const step = wholeStep(max / 4); // counts: whole-number ticks only, never half a request
+  const nice = step * Math.max(1, Math.ceil(max / step));
   const innerW = width - pad.l - pad.r;
   const innerH = height - pad.t - pad.b;
   const bw = innerW / Math.max(1, labels.length);
-  const ticks = [0, 0.25, 0.5, 0.75, 1].map((f) => f * nice);
-  const every = Math.max(1, Math.ceil(labels.length / 8));
+  const ticks = Array.from({ length: Math.round(nice / step) + 1 }, (_, i) => i * step);
+  const every = Math.max(1, Math.ceil(labels.length / Math.max(2, Math.floor(innerW / 70))));
   return (
-    <figure className="chart">
+    <figure className="chart" ref={ref}>
       <figcaption>{title}</figcaption>
       <svg viewBox={`0 0 ${width} ${height}`} role="img" aria-label={`${title}: total ${fmtInt(totals.reduce((a, b) => a + b, 0))}${unit}`}>
         {ticks.map((t) => {
@@ -251,9 +298,24 @@ export function BarChart({
   );
 }
 
-function niceMax(v: number) {
-  const p = Math.pow(10, Math.floor(Math.log10(v)));
-  for (const m of [1, 2, 2.5, 5, 10]) if (m * p >= v) return m * p;
+/** The width of ``ref``'s element in CSS pixels, followed as it resizes (``fallback`` before layout). */
+function useWidth(ref: RefObject<HTMLElement | null>, fallback: number) {
+  const [w, setW] = useState(fallback);
+  useEffect(() => {
+    const el = ref.current;
+    if (!el || typeof ResizeObserver === "undefined") return;
+    const ro = new ResizeObserver(() => setW(Math.max(240, Math.floor(el.clientWidth - 32))));
+    ro.observe(el);
+    return () => ro.disconnect();
+  }, [ref]);
+  return w;
+}
+
+/** A whole-number tick step of 1, 2 or 5 times a power of ten, at least ``raw``. */
+function wholeStep(raw: number) {
+  if (raw <= 1) return 1;
+  const p = Math.pow(10, Math.floor(Math.log10(raw)));
+  for (const m of [1, 2, 5, 10]) if (m * p >= raw) return Math.max(1, Math.round(m * p));
   return 10 * p;
 }
 

@@ -1,6 +1,6 @@
 import { useEffect, useState, type FormEvent } from "react";
-import { ApiError, api } from "./api";
-import { Badge, Empty, ErrorMessage, Loading, Page, Stat, fmtBytes, fmtInt, fmtMs, fmtTime, stateTone, useApi } from "./components";
+import { ApiError, api, type AccessRequest } from "./api";
+import { Badge, Empty, ErrorMessage, Loading, Page, Stat, TableHead, fmtBytes, fmtInt, fmtMs, fmtTime, stateTone, useAction, useApi } from "./components";
 
 interface Tenant {
   id: string;
@@ -10,10 +10,12 @@ interface Tenant {
   created_at: string;
   models: string[];
   users: number;
+  pending_request_id: string | null;
 }
 interface Model {
   id: string;
   name: string;
+  source: string;
   context_length: number;
   num_layers: number;
   num_kv_heads: number;
@@ -54,25 +56,6 @@ interface Assignment {
   model_id: string | null;
 }
 
-function useAction(after: () => void) {
-  const [error, setError] = useState<ApiError | null>(null);
-  const [busy, setBusy] = useState(false);
-  const run = async (fn: () => Promise<unknown>) => {
-    setBusy(true);
-    setError(null);
-    try {
-      await fn();
-      after();
-      return true;
-    } catch (e) {
-      setError(e as ApiError);
-      return false;
-    } finally {
-      setBusy(false);
-    }
-  };
-  return { error, busy, run };
-}
 
 // --- overview -----------------------------------------------------------------------------------
 
@@ -115,10 +98,170 @@ export function OpsOverview() {
 
 // --- tenants ------------------------------------------------------------------------------------
 
+function requester(who: string) {
+  return who.startsWith("console:") ? who.slice("console:".length) : who;
+}
+
+function AccessRequests({ models, rev, onAnswered }: { models: Model[]; rev: number; onAnswered: () => void }) {
+  // `rev` changes when the page changed grants elsewhere (a grant answers the requests it satisfies)
+  const queue = useApi<{ data: AccessRequest[]; count: number }>("/ops/access-requests?state=pending", [rev]);
+  const act = useAction(() => {
+    queue.reload();
+    onAnswered();
+  });
+  const [chosen, setChosen] = useState<Record<string, string>>({});
+  const approve = (r: AccessRequest) => {
+    const model_id = r.model_id ?? chosen[r.id];
+    act.run(() => api(`/ops/access-requests/${r.id}/approve`, { method: "POST", body: r.model_id ? {} : { model_id } }));
+  };
+  const decline = (r: AccessRequest) => {
+    const who = `“${r.tenant_display_name}” (${r.tenant_name})`;
+    const reason = window.prompt(`Decline ${who}'s request for ${r.model ?? "a model"}? The organisation sees your reason (optional):`, "");
+    if (reason === null) return;
+    act.run(() => api(`/ops/access-requests/${r.id}/decline`, { method: "POST", body: { reason: reason.trim() || null } }));
+  };
+  const pending = queue.data?.data ?? [];
+  return (
+    <div className="card" data-testid="access-requests">
+      <h2 id="requests-title">Access requests {queue.data ? <Badge tone={pending.length ? "warn" : "muted"}>{fmtInt(queue.data.count)} waiting</Badge> : null}</h2>
+      <ErrorMessage error={queue.error ?? act.error} />
+      {queue.data && pending.length === 0 && <p className="muted">No organisation is waiting for a model.</p>}
+      {pending.length > 0 && (
+        <table className="table" aria-labelledby="requests-title">
+          <TableHead cols={["Organisation", "Asks for", "Asked"]} actions="Actions" />
+          <tbody>
+            {pending.map((r) => (
+              <tr key={r.id}>
+                <th scope="row">
+                  {r.tenant_display_name} <span className="muted">({r.tenant_name})</span>
+                  {r.note && <div className="muted">“{r.note}”</div>}
+                </th>
+                <td>
+                  {r.model ? (
+                    <code>{r.model}</code>
+                  ) : (
+                    <>
+                      <label htmlFor={`approve-${r.id}`}>Any model: grant</label>
+                      <select id={`approve-${r.id}`} value={chosen[r.id] ?? ""} onChange={(e) => setChosen({ ...chosen, [r.id]: e.target.value })}>
+                        <option value="">Choose a model</option>
+                        {models.map((m) => (
+                          <option key={m.id} value={m.id}>
+                            {m.name}
+                          </option>
+                        ))}
+                      </select>
+                    </>
+                  )}
+                </td>
+                <td>
+                  {fmtTime(r.requested_at)} <span className="muted">by {requester(r.requested_by)}</span>
+                </td>
+                <td className="actions">
+                  <button type="button" disabled={act.busy || (!r.model_id && !chosen[r.id])} onClick={() => approve(r)}>
+                    Approve <span className="sr-only">{r.tenant_name}</span>
+                  </button>
+                  <button type="button" className="danger" disabled={act.busy} onClick={() => decline(r)}>
+                    Decline <span className="sr-only">{r.tenant_name}</span>
+                  </button>
+                </td>
+              </tr>
+            ))}
+          </tbody>
+        </table>
+      )}
+    </div>
+  );
+}
+
+interface RateLimit {
+  id: string;
+  api_key_id: string | null;
+  requests_per_minute: number | null;
+  tokens_per_minute: number | null;
+  max_concurrency: number | null;
+}
+
+function RateLimits({ tenants }: { tenants: Tenant[] }) {
+  const [tenantId, setTenantId] = useState("");
+  const limits = useApi<RateLimit[]>(tenantId ? `/ops/tenants/${tenantId}/rate-limits` : null, [tenantId]);
+  const act = useAction(() => limits.reload());
+  const current = limits.data?.find((l) => l.api_key_id === null) ?? null;
+  const perKey = (limits.data ?? []).filter((l) => l.api_key_id !== null).length;
+  const [form, setForm] = useState({ requests_per_minute: "", tokens_per_minute: "", max_concurrency: "" });
+  useEffect(() => {
+    const v = (n: number | null | undefined) => (n === null || n === undefined ? "" : String(n));
+    setForm({ requests_per_minute: v(current?.requests_per_minute), tokens_per_minute: v(current?.tokens_per_minute), max_concurrency: v(current?.max_concurrency) });
+  }, [current?.id, current?.requests_per_minute, current?.tokens_per_minute, current?.max_concurrency]);
+  const set = (e: FormEvent) => {
+    e.preventDefault();
+    const n = (x: string) => (x.trim() === "" ? null : Number(x));
+    act.run(() =>
+      api(`/ops/tenants/${tenantId}/rate-limit`, {
+        method: "PUT",
+        body: { requests_per_minute: n(form.requests_per_minute), tokens_per_minute: n(form.tokens_per_minute), max_concurrency: n(form.max_concurrency) },
+      }),
+    );
+  };
+  const tenant = tenants.find((t) => t.id === tenantId);
+  const remove = () => {
+    if (current && tenant)
+      act.confirmed(`Remove every tenant-wide limit of “${tenant.display_name}” (${tenant.name})? Its keys are then limited only by their own limits.`, () =>
+        api(`/ops/tenants/${tenantId}/rate-limits/${current.id}`, { method: "DELETE" }),
+      );
+  };
+  const field = (k: keyof typeof form, label: string) => (
+    <div>
+      <label htmlFor={`limit-${k}`}>{label}</label>
+      <input id={`limit-${k}`} type="number" min={1} step={1} placeholder="no limit" value={form[k]} disabled={!tenantId} onChange={(e) => setForm({ ...form, [k]: e.target.value })} />
+    </div>
+  );
+  return (
+    <form className="card form" onSubmit={set} aria-labelledby="limits-title" data-testid="rate-limits">
+      <h2 id="limits-title">Rate limits</h2>
+      <label htmlFor="limit-tenant">Organisation</label>
+      <select id="limit-tenant" value={tenantId} onChange={(e) => setTenantId(e.target.value)}>
+        <option value="">Choose a tenant</option>
+        {tenants.map((t) => (
+          <option key={t.id} value={t.id}>
+            {t.name}
+          </option>
+        ))}
+      </select>
+      <div className="grid-3">
+        {field("requests_per_minute", "Requests per minute")}
+        {field("tokens_per_minute", "Tokens per minute")}
+        {field("max_concurrency", "Requests at once")}
+      </div>
+      <p className="hint" data-testid="limits-now">
+        {!tenantId
+          ? "Limits apply to the whole organisation, on top of any limit of a key. Empty: no limit of that kind."
+          : current
+            ? `Now: ${current.requests_per_minute ?? "no limit on"} requests/min, ${current.tokens_per_minute ?? "no limit on"} tokens/min, ${current.max_concurrency ?? "no limit on"} at once${perKey ? `; ${perKey} key(s) have limits of their own` : ""}.`
+            : `Now: no tenant-wide limit${perKey ? `; ${perKey} key(s) have limits of their own` : ""}.`}
+      </p>
+      <div className="row">
+        <button type="submit" disabled={act.busy || !tenantId}>
+          Set limits
+        </button>
+        {current && (
+          <button type="button" className="danger" disabled={act.busy} onClick={remove}>
+            Remove limits
+          </button>
+        )}
+      </div>
+      <ErrorMessage error={act.error ?? limits.error} />
+    </form>
+  );
+}
+
 export function Tenants() {
   const tenants = useApi<Tenant[]>("/ops/tenants");
   const models = useApi<Model[]>("/ops/models");
-  const act = useAction(() => tenants.reload());
+  const [rev, setRev] = useState(0);
+  const act = useAction(() => {
+    tenants.reload();
+    setRev((r) => r + 1);
+  });
   const [tenantId, setTenantId] = useState("");
   const [modelId, setModelId] = useState("");
   const grant = (e: FormEvent) => {
@@ -127,6 +270,7 @@ export function Tenants() {
   };
   return (
     <Page title="Tenants" intro="Organisations on the platform, the models they may use, and their status.">
+      <AccessRequests models={models.data ?? []} rev={rev} onAnswered={() => tenants.reload()} />
       <form className="card form" onSubmit={grant} aria-labelledby="grant-title">
         <h2 id="grant-title">Grant a model</h2>
         <div className="grid-3">
@@ -160,24 +304,14 @@ export function Tenants() {
         </div>
         <ErrorMessage error={act.error} />
       </form>
+      <RateLimits tenants={tenants.data ?? []} />
       <ErrorMessage error={tenants.error} />
       {tenants.loading && !tenants.data && <Loading what="tenants" />}
       {tenants.data && (
         <div className="card">
           <table className="table">
             <caption className="sr-only">Tenants</caption>
-            <thead>
-              <tr>
-                <th scope="col">Tenant</th>
-                <th scope="col">Status</th>
-                <th scope="col">Models</th>
-                <th scope="col">Users</th>
-                <th scope="col">Created</th>
-                <th scope="col">
-                  <span className="sr-only">Actions</span>
-                </th>
-              </tr>
-            </thead>
+            <TableHead cols={["Tenant", "Status", "Models", "Users", "Created"]} actions="Actions" />
             <tbody>
               {tenants.data.map((t) => (
                 <tr key={t.id}>
@@ -187,12 +321,30 @@ export function Tenants() {
                   <td>
                     <Badge tone={stateTone(t.status)}>{t.status}</Badge>
                   </td>
-                  <td>{t.models.length ? t.models.join(", ") : <span className="muted">none</span>}</td>
+                  <td>
+                    {t.models.length === 0 && <Badge tone="warn">waiting for access</Badge>}
+                    <ul className="plain">
+                      {t.models.map((name) => {
+                        const model = models.data?.find((m) => m.name === name);
+                        return (
+                          <li key={name}>
+                            {name}{" "}
+                            {model && (
+                              <button type="button" className="link danger" disabled={act.busy}
+                                onClick={() => act.confirmed(`Revoke “${t.display_name}” (${t.name})'s access to ${name}? Its keys stop reaching the model at once.`, () => api(`/ops/tenants/${t.id}/models/${model.id}`, { method: "DELETE" }))}>
+                                Revoke <span className="sr-only">{`${name} from ${t.name}`}</span>
+                              </button>
+                            )}
+                          </li>
+                        );
+                      })}
+                    </ul>
+                  </td>
                   <td>{fmtInt(t.users)}</td>
                   <td>{fmtTime(t.created_at)}</td>
                   <td className="actions">
                     {t.status === "active" ? (
-                      <button type="button" className="danger" onClick={() => act.run(() => api(`/ops/tenants/${t.id}/suspend`, { method: "POST" }))}>
+                      <button type="button" className="danger" onClick={() => act.confirmed(`Suspend “${t.display_name}” (${t.name})? Its API keys stop working at once and its users are signed out.`, () => api(`/ops/tenants/${t.id}/suspend`, { method: "POST" }))}>
                         Suspend <span className="sr-only">{t.name}</span>
                       </button>
                     ) : (
@@ -200,6 +352,101 @@ export function Tenants() {
                         Resume <span className="sr-only">{t.name}</span>
                       </button>
                     )}
+                  </td>
+                </tr>
+              ))}
+            </tbody>
+          </table>
+        </div>
+      )}
+    </Page>
+  );
+}
+
+// --- models -------------------------------------------------------------------------------------
+
+const DTYPES = ["float32", "float16", "bfloat16", "fp8", "int8"];
+
+export function ModelsCatalogue() {
+  const models = useApi<Model[]>("/ops/models");
+  const act = useAction(() => models.reload());
+  const blank = { name: "", source: "", context_length: 2048, num_layers: 2, num_kv_heads: 2, head_dim: 32, dtype: "float32", params_b: "" };
+  const [form, setForm] = useState(blank);
+  const create = async (e: FormEvent) => {
+    e.preventDefault();
+    const body = { ...form, params_b: form.params_b === "" ? null : Number(form.params_b) };
+    if (await act.run(() => api("/ops/models", { method: "POST", body }))) setForm(blank);
+  };
+  const num = (k: "context_length" | "num_layers" | "num_kv_heads" | "head_dim", label: string) => (
+    <div>
+      <label htmlFor={`model-${k}`}>{label}</label>
+      <input id={`model-${k}`} type="number" min={1} required value={form[k]} onChange={(e) => setForm({ ...form, [k]: Number(e.target.value) })} />
+    </div>
+  );
+  return (
+    <Page title="Models" intro="The catalogue: each model's weights and the shape the planner and the KV-size formula use.">
+      <form className="card form" onSubmit={create} aria-labelledby="model-title">
+        <h2 id="model-title">Add a model</h2>
+        <div className="grid-3">
+          <div>
+            <label htmlFor="model-name">Name</label>
+            <input id="model-name" required maxLength={200} pattern="[A-Za-z0-9][A-Za-z0-9._:/\-]*" value={form.name} onChange={(e) => setForm({ ...form, name: e.target.value })} />
+          </div>
+          <div>
+            <label htmlFor="model-source">Weights (folder on the workers)</label>
+            <input id="model-source" required maxLength={4096} value={form.source} onChange={(e) => setForm({ ...form, source: e.target.value })} />
+          </div>
+          <div>
+            <label htmlFor="model-dtype">Data type</label>
+            <select id="model-dtype" value={form.dtype} onChange={(e) => setForm({ ...form, dtype: e.target.value })}>
+              {DTYPES.map((d) => (
+                <option key={d}>{d}</option>
+              ))}
+            </select>
+          </div>
+          {num("context_length", "Context (tokens)")}
+          {num("num_layers", "Layers")}
+          {num("num_kv_heads", "KV heads")}
+          {num("head_dim", "Head dimension")}
+          <div>
+            <label htmlFor="model-params">Parameters (billions, optional)</label>
+            <input id="model-params" type="number" min={0} step="any" value={form.params_b} onChange={(e) => setForm({ ...form, params_b: e.target.value })} />
+          </div>
+          <div className="align-end">
+            <button type="submit" disabled={act.busy}>
+              Add model
+            </button>
+          </div>
+        </div>
+        <ErrorMessage error={act.error} />
+      </form>
+      <ErrorMessage error={models.error} />
+      {models.loading && !models.data && <Loading what="models" />}
+      {models.data && models.data.length === 0 && <Empty>No models yet.</Empty>}
+      {models.data && models.data.length > 0 && (
+        <div className="card">
+          <table className="table">
+            <caption className="sr-only">Models</caption>
+            <TableHead cols={["Model", "Weights", "Context", "Shape"]} actions="Actions" />
+            <tbody>
+              {models.data.map((m) => (
+                <tr key={m.id}>
+                  <th scope="row">
+                    <code>{m.name}</code>
+                  </th>
+                  <td>
+                    <code>{m.source}</code>
+                  </td>
+                  <td>{fmtInt(m.context_length)} tokens</td>
+                  <td>
+                    {m.num_layers} layers, {m.num_kv_heads} KV heads × {m.head_dim}, {m.dtype}
+                    {m.params_b ? `, ${m.params_b} B params` : ""}
+                  </td>
+                  <td className="actions">
+                    <button type="button" className="danger" disabled={act.busy}
+                      onClick={() => act.confirmed(`Delete the model “${m.name}”? Every tenant loses access to it; a model that deployments still use cannot be deleted.`, () => api(`/ops/models/${m.id}`, { method: "DELETE" }))}>
+                      Delete <span className="sr-only">{m.name}</span>
+                    </button>
                   </td>
                 </tr>
               ))}
@@ -244,8 +491,7 @@ export function Deployments() {
   const setDesired = (d: Deployment, desired: "running" | "stopped") =>
     act.run(() => api(`/ops/deployments/${d.id}`, { method: "PATCH", body: { desired_state: desired } }));
   const remove = (d: Deployment) => {
-    if (window.confirm(`Delete the deployment “${d.name}”? Its model stops being served.`))
-      act.run(() => api(`/ops/deployments/${d.id}`, { method: "DELETE" }));
+    act.confirmed(`Delete the deployment “${d.name}”? Its model stops being served.`, () => api(`/ops/deployments/${d.id}`, { method: "DELETE" }));
   };
   const num = (v: string) => Math.max(0, Number(v) || 0);
 
@@ -324,19 +570,7 @@ export function Deployments() {
         <div className="card">
           <table className="table" aria-live="polite">
             <caption className="sr-only">Deployments</caption>
-            <thead>
-              <tr>
-                <th scope="col">Name</th>
-                <th scope="col">Model</th>
-                <th scope="col">Mode and pools</th>
-                <th scope="col">Desired</th>
-                <th scope="col">Observed</th>
-                <th scope="col">Generation</th>
-                <th scope="col">
-                  <span className="sr-only">Actions</span>
-                </th>
-              </tr>
-            </thead>
+            <TableHead cols={["Name", "Model", "Mode and pools", "Desired", "Observed", "Generation"]} actions="Actions" />
             <tbody>
               {deps.data.map((d) => (
                 <tr key={d.id} data-testid={`deployment-${d.name}`}>
@@ -485,17 +719,7 @@ export function SloPolicies() {
             <Empty>No policies yet.</Empty>
           ) : (
             <table className="table">
-              <thead>
-                <tr>
-                  <th scope="col">Name</th>
-                  <th scope="col">TTFT</th>
-                  <th scope="col">TPOT</th>
-                  <th scope="col">Percentile</th>
-                  <th scope="col">Priority</th>
-                  <th scope="col">Sheddable</th>
-                  <th scope="col">Applies to</th>
-                </tr>
-              </thead>
+              <TableHead cols={["Name", "TTFT", "TPOT", "Percentile", "Priority", "Sheddable", "Applies to"]} actions="Actions" />
               <tbody>
                 {data.data.policies.map((p) => (
                   <tr key={p.id}>
@@ -506,9 +730,26 @@ export function SloPolicies() {
                     <td>{p.priority}</td>
                     <td>{p.sheddable ? "yes" : "no"}</td>
                     <td>
-                      {data.data!.assignments.filter((a) => a.policy_id === p.id).map((a) => `${tenantName(a.tenant_id)} / ${modelName(a.model_id)}`).join("; ") || (
-                        <span className="muted">not assigned</span>
-                      )}
+                      {data.data!.assignments.filter((a) => a.policy_id === p.id).length === 0 && <span className="muted">not assigned</span>}
+                      <ul className="plain">
+                        {data.data!.assignments
+                          .filter((a) => a.policy_id === p.id)
+                          .map((a) => (
+                            <li key={a.id}>
+                              {tenantName(a.tenant_id)} / {modelName(a.model_id)}{" "}
+                              <button type="button" className="link danger" disabled={act.busy}
+                                onClick={() => act.confirmed(`Stop applying “${p.name}” to ${tenantName(a.tenant_id)} / ${modelName(a.model_id)}? A less specific assignment applies instead, if any.`, () => api(`/ops/slo-assignments/${a.id}`, { method: "DELETE" }))}>
+                                Unassign <span className="sr-only">{`${p.name} from ${tenantName(a.tenant_id)} / ${modelName(a.model_id)}`}</span>
+                              </button>
+                            </li>
+                          ))}
+                      </ul>
+                    </td>
+                    <td className="actions">
+                      <button type="button" className="danger" disabled={act.busy}
+                        onClick={() => act.confirmed(`Delete the policy “${p.name}”? Its assignments go with it; deployments that used it keep running without one.`, () => api(`/ops/slo-policies/${p.id}`, { method: "DELETE" }))}>
+                        Delete <span className="sr-only">{p.name}</span>
+                      </button>
                     </td>
                   </tr>
                 ))}
@@ -543,9 +784,19 @@ interface PlanResult {
   transfer_lower_bound_ms: number;
   transfer_expected_ms: number;
   configs: PlanConfig[];
-  recommended: string;
+  recommended: string | null;
   reason: string;
   plot_png_base64: string;
+  feasible?: boolean;
+  closest?: PlanConfig | null;
+  to_meet?: { text: string; changes: Record<string, number>; then: { recommended?: string } }[];
+  calibration?: { samples: number; used: boolean; reason: string };
+}
+
+/** Whether any configuration meets the SLO (older servers sent no ``feasible``: all-zero goodput is none). */
+function planFeasible(plan: PlanResult): boolean {
+  if (typeof plan.feasible === "boolean") return plan.feasible;
+  return plan.configs.some((c) => c.goodput_per_gpu > 0);
 }
 
 export function Planner() {
@@ -573,7 +824,8 @@ export function Planner() {
   const field = (id: keyof typeof form, label: string) => (
     <div>
       <label htmlFor={`plan-${id}`}>{label}</label>
-      <input id={`plan-${id}`} type="number" min={1} required value={form[id]} onChange={(e) => setForm({ ...form, [id]: Number(e.target.value) })} />
+      <input id={`plan-${id}`} type="number" min={id.endsWith("_ms") ? 0.1 : 1} step={id.endsWith("_ms") || id === "percentile" ? "any" : 1} required value={form[id]}
+        onChange={(e) => setForm({ ...form, [id]: Number(e.target.value) })} />
     </div>
   );
   return (
@@ -603,36 +855,57 @@ export function Planner() {
       </form>
       {plan && (
         <>
-          <div className="card recommendation" role="status">
-            <h2>
-              Recommendation: <span data-testid="plan-recommended">{plan.recommended}</span>
-            </h2>
-            <p>{plan.reason}</p>
-            <p className="muted">
-              {plan.calibrated_from ? `Calibrated from ${plan.calibrated_from} measured requests.` : "From configured throughput (no measured requests yet)."}
-            </p>
-          </div>
+          {planFeasible(plan) && plan.recommended ? (
+            <div className="card recommendation" role="status">
+              <h2>
+                Recommendation: <span data-testid="plan-recommended">{plan.recommended}</span>
+              </h2>
+              <p>{plan.reason}</p>
+            </div>
+          ) : (
+            <div className="card no-plan" role="status" data-testid="plan-infeasible">
+              <h2>Nothing meets this SLO</h2>
+              <p>{plan.reason}</p>
+              {plan.closest && (
+                <p>
+                  Closest: <strong>{plan.closest.name}</strong>, p{form.percentile} TTFT {fmtMs(plan.closest.ttft_ms)} and TPOT{" "}
+                  {fmtMs(plan.closest.tpot_ms)} with no other traffic.
+                </p>
+              )}
+              {plan.to_meet && plan.to_meet.length > 0 && (
+                <>
+                  <p>What would meet it:</p>
+                  <ul>
+                    {plan.to_meet.map((r) => (
+                      <li key={r.text}>
+                        {r.text}
+                        {r.then?.recommended ? ` (then: ${r.then.recommended})` : ""}
+                      </li>
+                    ))}
+                  </ul>
+                </>
+              )}
+            </div>
+          )}
+          <p className="muted">
+            {plan.calibration
+              ? `Throughput ${plan.calibration.used ? "calibrated" : "not calibrated"}: ${plan.calibration.reason}.`
+              : plan.calibrated_from
+                ? `Calibrated from ${plan.calibrated_from} measured requests.`
+                : "From configured throughput (no measured requests yet)."}
+          </p>
           <div className="stats">
             <Stat label="KV per token" value={fmtBytes(plan.kv_bytes_per_token)} />
             <Stat label="KV per request" value={fmtBytes(plan.kv_bytes_per_request)} />
             <Stat label="Transfer lower bound" value={fmtMs(plan.transfer_lower_bound_ms)} hint={`expected ${fmtMs(plan.transfer_expected_ms)}`} />
           </div>
           <div className="card">
-            <img className="plot" src={`data:image/png;base64,${plan.plot_png_base64}`} alt={`Planner plot: goodput per GPU by configuration; ${plan.recommended} recommended.`} />
+            <img className="plot" src={`data:image/png;base64,${plan.plot_png_base64}`} alt={planFeasible(plan) ? `Planner plot: goodput per GPU by configuration; ${plan.recommended} recommended.` : `Planner plot: share of requests within the SLO by configuration; nothing meets it, ${plan.closest?.name ?? "none"} comes closest.`} />
           </div>
           <div className="card">
             <table className="table">
               <caption>Goodput per configuration</caption>
-              <thead>
-                <tr>
-                  <th scope="col">Configuration</th>
-                  <th scope="col">Goodput (req/s per GPU)</th>
-                  <th scope="col">TTFT</th>
-                  <th scope="col">TPOT</th>
-                  <th scope="col">Bottleneck</th>
-                  <th scope="col">GPUs per unit</th>
-                </tr>
-              </thead>
+              <TableHead cols={["Configuration", "Goodput (req/s per GPU)", "TTFT", "TPOT", "Bottleneck", "GPUs per unit"]} />
               <tbody>
                 {plan.configs.map((c) => (
                   <tr key={c.name} className={c.name === plan.recommended ? "highlight" : undefined}>
@@ -700,15 +973,7 @@ export function Audit() {
         <div className="card">
           <table className="table">
             <caption className="sr-only">Audit entries</caption>
-            <thead>
-              <tr>
-                <th scope="col">When</th>
-                <th scope="col">Who</th>
-                <th scope="col">Action</th>
-                <th scope="col">Target</th>
-                <th scope="col">Change</th>
-              </tr>
-            </thead>
+            <TableHead cols={["When", "Who", "Action", "Target", "Change"]} />
             <tbody>
               {log.data.data.map((a) => (
                 <tr key={a.id}>

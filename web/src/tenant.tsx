@@ -2,7 +2,9 @@ import { useEffect, useRef, useState, type FormEvent } from "react";
 import {
   ApiError,
   api,
+  type AccessRequest,
   type ApiKey,
+  type CatalogueModel,
   type IssuedKey,
   type RequestDetail,
   type RequestRow,
@@ -20,6 +22,7 @@ import {
   Loading,
   Page,
   Stat,
+  TableHead,
   Waterfall,
   fmtBytes,
   fmtInt,
@@ -27,6 +30,7 @@ import {
   fmtPct,
   fmtTime,
   stateTone,
+  useAction,
   useApi,
 } from "./components";
 import { StreamError, streamChat } from "./sse";
@@ -35,7 +39,17 @@ import { Link } from "./router";
 // --- overview -----------------------------------------------------------------------------------
 
 export function Overview({ session }: { session: SessionInfo }) {
-  const ov = useApi<{ models: number; live_keys: number; usage_24h: Usage["totals"] }>("/tenant/overview");
+  const ov = useApi<{
+    models: number;
+    live_keys: number;
+    usage_24h: Usage["totals"];
+    access?: { state: "ready" | "waiting"; since: string; pending: AccessRequest[] };
+    models_granted?: string[];
+  }>("/tenant/overview");
+  const ask = useAction(() => ov.reload());
+  const pending = ov.data?.access?.pending ?? [];
+  const waiting = ov.data?.access?.state === "waiting";
+  const firstModel = ov.data?.models_granted?.[0] ?? "MODEL";
   const usage = useApi<Usage>("/tenant/usage?hours=24");
   return (
     <Page title={`Welcome, ${session.tenant?.display_name ?? ""}`} intro="Your keys, models and traffic at a glance.">
@@ -48,6 +62,28 @@ export function Overview({ session }: { session: SessionInfo }) {
           <Stat label="Tokens, last 24 h" value={fmtInt(ov.data.usage_24h.prompt_tokens + ov.data.usage_24h.completion_tokens)} />
         </div>
       )}
+      {waiting && (
+        <div className="card no-plan" role="status" data-testid="access-waiting">
+          <h2>Waiting for access</h2>
+          <p>
+            Your organisation is set up, but no model has been granted to it yet. Once an operator grants one, it appears
+            under <Link to="/models">Models</Link> and your keys can call it. You can create keys now.
+          </p>
+          {pending.length > 0 ? (
+            <p data-testid="access-pending">
+              Your request for {pending[0].model ? <code>{pending[0].model}</code> : "a model"} is with the operators since{" "}
+              {fmtTime(pending[0].requested_at)}.
+            </p>
+          ) : (
+            <p>
+              <button type="button" disabled={ask.busy} onClick={() => ask.run(() => api("/tenant/access-requests", { method: "POST", body: {} }))}>
+                Ask the operators for access
+              </button>
+            </p>
+          )}
+          <ErrorMessage error={ask.error} />
+        </div>
+      )}
       {usage.data && <UsageCharts usage={usage.data} />}
       <div className="card">
         <h2>Get started</h2>
@@ -56,7 +92,11 @@ export function Overview({ session }: { session: SessionInfo }) {
             <Link to="/keys">Create an API key</Link> scoped to the models you need.
           </li>
           <li>
-            Point any OpenAI client at <code>{window.location.origin}/v1</code> with that key.
+            Point any OpenAI client at <code>{window.location.origin}/v1</code> with that key:
+            <pre className="snippet">
+              {`from openai import OpenAI\nclient = OpenAI(base_url="${window.location.origin}/v1", api_key="YOUR_KEY")\n` +
+                `client.chat.completions.create(model="${firstModel}", messages=[{"role": "user", "content": "hi"}])`}
+            </pre>
           </li>
           <li>
             Try a model in the <Link to="/playground">playground</Link>, then watch <Link to="/usage">usage</Link> and{" "}
@@ -116,19 +156,7 @@ export function Keys() {
         {keys.data && keys.data.length > 0 && (
           <table className="table">
             <caption className="sr-only">API keys</caption>
-            <thead>
-              <tr>
-                <th scope="col">Name</th>
-                <th scope="col">Key</th>
-                <th scope="col">Models</th>
-                <th scope="col">State</th>
-                <th scope="col">Expires</th>
-                <th scope="col">Last used</th>
-                <th scope="col">
-                  <span className="sr-only">Actions</span>
-                </th>
-              </tr>
-            </thead>
+            <TableHead cols={["Name", "Key", "Models", "State", "Expires", "Last used"]} actions="Actions" />
             <tbody>
               {keys.data.map((k) => (
                 <tr key={k.id}>
@@ -224,7 +252,11 @@ function CreateKey({ models, onCreated }: { models: TenantModel[]; onCreated: (k
         </div>
         <fieldset>
           <legend>Models</legend>
-          {models.length === 0 && <p className="hint">No models are granted to you yet; ask an operator.</p>}
+          {models.length === 0 && (
+            <p className="hint">
+              Your organisation is waiting for access to a model. The key you make now works as soon as an operator grants one.
+            </p>
+          )}
           {models.map((m) => (
             <label className="inline" key={m.id}>
               <input
@@ -235,7 +267,7 @@ function CreateKey({ models, onCreated }: { models: TenantModel[]; onCreated: (k
               {m.name}
             </label>
           ))}
-          <p className="hint">None ticked: every model you may use.</p>
+          {models.length > 0 && <p className="hint">None ticked: every model you may use, now and later.</p>}
         </fieldset>
         <div>
           <label htmlFor="key-expiry">Expires</label>
@@ -258,25 +290,75 @@ function CreateKey({ models, onCreated }: { models: TenantModel[]; onCreated: (k
 
 // --- models -------------------------------------------------------------------------------------
 
+function Catalogue({ onAsked }: { onAsked: () => void }) {
+  const cat = useApi<CatalogueModel[]>("/tenant/catalogue");
+  const mine = useApi<AccessRequest[]>("/tenant/access-requests");
+  const ask = useAction(() => {
+    cat.reload();
+    mine.reload();
+    onAsked();
+  });
+  const others = (cat.data ?? []).filter((m) => !m.granted);
+  const answered = (mine.data ?? []).filter((r) => r.state !== "pending").slice(0, 5);
+  return (
+    <div className="card" data-testid="catalogue">
+      <h2 id="catalogue-title">Other models on the platform</h2>
+      <ErrorMessage error={cat.error ?? ask.error} />
+      {cat.data && others.length === 0 && <p className="muted">Your organisation may use every model on the platform.</p>}
+      {others.length > 0 && (
+        <table className="table" aria-labelledby="catalogue-title">
+          <TableHead cols={["Model", "Context"]} actions="Access" />
+          <tbody>
+            {others.map((m) => (
+              <tr key={m.id}>
+                <th scope="row">
+                  <code>{m.name}</code>
+                </th>
+                <td>{fmtInt(m.context_length)} tokens</td>
+                <td className="actions">
+                  {m.requested ? (
+                    <Badge tone="info">requested</Badge>
+                  ) : (
+                    <button type="button" className="secondary" disabled={ask.busy}
+                      onClick={() => ask.run(() => api("/tenant/access-requests", { method: "POST", body: { model_id: m.id } }))}>
+                      Request access <span className="sr-only">to {m.name}</span>
+                    </button>
+                  )}
+                </td>
+              </tr>
+            ))}
+          </tbody>
+        </table>
+      )}
+      {answered.length > 0 && (
+        <>
+          <h3>Answered requests</h3>
+          <ul data-testid="answered-requests">
+            {answered.map((r) => (
+              <li key={r.id}>
+                {r.model ? <code>{r.model}</code> : "A model"}: {r.state === "approved" ? <Badge tone="ok">approved</Badge> : <Badge tone="bad">declined</Badge>}{" "}
+                {fmtTime(r.resolved_at)}
+                {r.reason ? ` — “${r.reason}”` : ""}
+              </li>
+            ))}
+          </ul>
+        </>
+      )}
+    </div>
+  );
+}
+
 export function Models() {
   const models = useApi<TenantModel[]>("/tenant/models");
   return (
     <Page title="Models" intro="The models your organisation may call, and the service level that applies to each.">
       <ErrorMessage error={models.error} />
       {models.loading && !models.data && <Loading what="models" />}
-      {models.data && models.data.length === 0 && <Empty>No models are granted to your organisation yet. Operators grant them.</Empty>}
+      {models.data && models.data.length === 0 && <Empty>No models are granted to your organisation yet. Ask for one below.</Empty>}
       {models.data && models.data.length > 0 && (
         <table className="table card">
           <caption className="sr-only">Models</caption>
-          <thead>
-            <tr>
-              <th scope="col">Model</th>
-              <th scope="col">Status</th>
-              <th scope="col">Context</th>
-              <th scope="col">Type</th>
-              <th scope="col">SLO</th>
-            </tr>
-          </thead>
+          <TableHead cols={["Model", "Status", "Context", "Type", "SLO"]} />
           <tbody>
             {models.data.map((m) => (
               <tr key={m.id}>
@@ -295,6 +377,7 @@ export function Models() {
           </tbody>
         </table>
       )}
+      <Catalogue onAsked={() => models.reload()} />
     </Page>
   );
 }
@@ -367,14 +450,7 @@ export function UsagePage() {
               <Empty>No requests in this period.</Empty>
             ) : (
               <table className="table">
-                <thead>
-                  <tr>
-                    <th scope="col">Model</th>
-                    <th scope="col">Requests</th>
-                    <th scope="col">Prompt tokens</th>
-                    <th scope="col">Completion tokens</th>
-                  </tr>
-                </thead>
+                <TableHead cols={["Model", "Requests", "Prompt tokens", "Completion tokens"]} />
                 <tbody>
                   {usage.data.by_model.map((m) => (
                     <tr key={m.model}>
@@ -454,15 +530,7 @@ export function SloPage() {
             </div>
           )}
           <table className="table">
-            <thead>
-              <tr>
-                <th scope="col">Metric</th>
-                <th scope="col">p50</th>
-                <th scope="col">p90</th>
-                <th scope="col">p99</th>
-                <th scope="col">Target</th>
-              </tr>
-            </thead>
+            <TableHead cols={["Metric", "p50", "p90", "p99", "Target"]} />
             <tbody>
               <tr>
                 <th scope="row">TTFT</th>
@@ -501,18 +569,7 @@ export function Requests() {
         <div className="card">
           <table className="table">
             <caption className="sr-only">Recent requests</caption>
-            <thead>
-              <tr>
-                <th scope="col">Started</th>
-                <th scope="col">Model</th>
-                <th scope="col">Status</th>
-                <th scope="col">Tokens in / out</th>
-                <th scope="col">TTFT</th>
-                <th scope="col">TPOT</th>
-                <th scope="col">Total</th>
-                <th scope="col">Recovery</th>
-              </tr>
-            </thead>
+            <TableHead cols={["Started", "Model", "Status", "Tokens in / out", "TTFT", "TPOT", "Total", "Recovery"]} />
             <tbody>
               {reqs.data.data.map((r) => (
                 <tr key={r.id}>
@@ -608,6 +665,7 @@ export function Playground() {
   const [error, setError] = useState<string | Error | null>(null);
   const [busy, setBusy] = useState(false);
   const abort = useRef<AbortController | null>(null);
+  const pgKey = useRef<{ model: string; secret: string; expires: number } | null>(null);
   useEffect(() => {
     if (!model && models.data?.length) setModel(models.data[0].name);
   }, [models.data, model]);
@@ -623,8 +681,14 @@ export function Playground() {
     try {
       let secret = key.trim();
       if (!secret) {
-        const k = await api<IssuedKey>("/tenant/playground-key", { method: "POST", body: { model } });
-        secret = k.secret;
+        // One short-lived key per user: reused while it lasts (asking again revokes the previous one).
+        const held = pgKey.current;
+        if (held && held.model === model && held.expires - Date.now() > 60_000) secret = held.secret;
+        else {
+          const k = await api<IssuedKey>("/tenant/playground-key", { method: "POST", body: { model } });
+          pgKey.current = { model, secret: k.secret, expires: k.key.expires_at ? Date.parse(k.key.expires_at) : Infinity };
+          secret = k.secret;
+        }
       }
       let usage = "";
       const messages = [...(system.trim() ? [{ role: "system", content: system }] : []), { role: "user", content: prompt }];

@@ -10,21 +10,13 @@ import pytest
 from fastapi import FastAPI
 from fastapi.testclient import TestClient
 
+from baton.control.services import RecordingNotifier as Recorder
 from baton.core import models as m
 from baton.core.db import Database
 
 PASSWORD = "correct horse battery staple"
 
 
-class Recorder:
-    def __init__(self) -> None:
-        self.reconciles: list[str] = []
-
-    def trigger(self, reason: str) -> None:
-        self.reconciles.append(reason)
-
-    def invalidate(self, kind: str, id_: uuid.UUID | None) -> None:
-        return None
 
 
 @pytest.fixture(scope="session")
@@ -40,18 +32,21 @@ def console_app(settings, db, console_recorder) -> FastAPI:  # type: ignore[no-u
     from baton.api.console.context import ConsoleContext
     from baton.api.console.router import router
     from baton.api.errors import install_error_handlers
-    from baton.control.keys import KeyService
+    from baton.api.services import AppServices
 
     app = FastAPI(title="Baton console (test)")
     install_error_handlers(app)
     app.include_router(router)
     app.state.settings = settings
     app.state.db = db
-    ctx = ConsoleContext.from_settings(settings, db, redis_client=redis.Redis.from_url(settings.redis.url))
-    app.state.console = ctx
-    app.state.admin = AdminContext(settings=settings, db=db, keys=KeyService(db, settings),
-                                   trigger_reconcile=console_recorder.trigger,
-                                   invalidate=console_recorder.invalidate)
+    client = redis.Redis.from_url(settings.redis.url)
+    # failed sign-ins of earlier runs (same test client address, same emails) must not throttle this one
+    for key in client.scan_iter("baton:console:login:*"):
+        client.delete(key)
+    services = AppServices.build(settings, db, redis_client=client, notify=console_recorder)
+    app.state.services = services
+    app.state.console = ConsoleContext.of(services)
+    app.state.admin = AdminContext.of(services)
     return app
 
 

@@ -231,6 +231,14 @@ def test_operator_manages_tenants_deployments_and_policies(operator: Session, si
     plan = operator.post(f"{API}/ops/models/{model.id}/plan", json={"ttft_ms": 500, "tpot_ms": 50})
     assert plan.status_code == 200, plan.text
     assert plan.json()["recommended"] and plan.json()["plot_png_base64"]
+    assert plan.json()["feasible"] is True and plan.json()["recommendation"]["name"] == plan.json()["recommended"]
+    none = operator.post(f"{API}/ops/models/{model.id}/plan", json={"ttft_ms": 1, "tpot_ms": 50, "calibrate": False})
+    assert none.status_code == 200, none.text
+    body = none.json()
+    assert body["feasible"] is False and body["recommended"] is None and body["recommendation"] is None
+    assert body["closest"]["name"] and body["to_meet"] and body["plot_png_base64"]
+    assert body["calibration"] == {"samples": 0, "used": False, "used_samples": 0, "rejected": {},
+                                   "reason": "calibration turned off: figures from the settings"}
 
 
 def test_static_front_end_and_unknown_api_routes(client) -> None:  # type: ignore[no-untyped-def]

@@ -10,19 +10,9 @@ from fastapi import FastAPI
 from fastapi.testclient import TestClient
 from pydantic import SecretStr
 
+from baton.control.services import RecordingNotifier as Recorder
+
 ADMIN_TOKEN = "test-bootstrap-admin-token"
-
-
-class Recorder:
-    def __init__(self) -> None:
-        self.reconciles: list[str] = []
-        self.invalidations: list[tuple[str, uuid.UUID | None]] = []
-
-    def trigger(self, reason: str) -> None:
-        self.reconciles.append(reason)
-
-    def invalidate(self, kind: str, id_: uuid.UUID | None) -> None:
-        self.invalidations.append((kind, id_))
 
 
 @pytest.fixture(scope="session")
@@ -41,14 +31,12 @@ def recorder() -> Recorder:
 def admin_app(admin_settings, db, recorder) -> FastAPI:  # type: ignore[no-untyped-def]
     from baton.api.admin.deps import AdminContext
     from baton.api.admin.router import router
-    from baton.control.keys import KeyService
+    from baton.api.services import AppServices
 
     app = FastAPI(title="Baton admin (test)")
     app.include_router(router, prefix="/admin/v1")
-    app.state.admin = AdminContext(
-        settings=admin_settings, db=db, keys=KeyService(db, admin_settings),
-        trigger_reconcile=recorder.trigger, invalidate=recorder.invalidate,
-    )
+    services = AppServices.build(admin_settings, db, notify=recorder)
+    app.state.admin = AdminContext.of(services)
     return app
 
 

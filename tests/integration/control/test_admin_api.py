@@ -270,3 +270,41 @@ def test_bad_path_parameters_are_problem_details(client: TestClient, path: str) 
     r = client.get(path)
     assert r.status_code == 422
     assert r.json()["type"].startswith("https://") and r.json()["errors"]
+
+
+def _file_request(db, tenant_id: str, model_id: str | None = None) -> str:  # type: ignore[no-untyped-def]
+    with db.system() as uow:
+        row = uow.access_requests.add(m.AccessRequest(tenant_id=uuid.UUID(tenant_id), requested_by="console:a@x",
+                                                      model_id=uuid.UUID(model_id) if model_id else None))
+        uow.commit()
+        return str(row.id)
+
+
+def test_access_requests_are_answered_through_the_admin_api(client: TestClient, db, recorder) -> None:
+    t, model = make_tenant(client), make_model(client)
+    any_model = _file_request(db, t["id"])
+    queue = client.get("/admin/v1/access-requests", params={"tenant_id": t["id"]}).json()
+    assert [r["id"] for r in queue["data"]] == [any_model] and queue["data"][0]["state"] == "pending"
+    assert queue["data"][0]["tenant_name"] == t["name"]
+
+    # a request for any model needs the operator's choice
+    r = client.post(f"/admin/v1/access-requests/{any_model}/approve")
+    assert r.status_code == 400 and r.headers["content-type"].startswith("application/problem+json")
+    assert client.get(f"/admin/v1/tenants/{t['id']}/models").json() == []
+
+    r = client.post(f"/admin/v1/access-requests/{any_model}/approve", json={"model_id": model["id"]})
+    assert r.status_code == 200, r.text
+    assert r.json()["state"] == "approved" and r.json()["model"] == model["name"]
+    assert [g["id"] for g in client.get(f"/admin/v1/tenants/{t['id']}/models").json()] == [model["id"]]
+    assert ("tenant", uuid.UUID(t["id"])) in recorder.invalidations
+    assert _audit(db, any_model, "access_request.approve")[0].actor == "admin:bootstrap"
+    # answered once: a second answer is a conflict, not a second grant
+    assert client.post(f"/admin/v1/access-requests/{any_model}/decline").status_code == 409
+
+    other = _file_request(db, t["id"], make_model(client)["id"])
+    r = client.post(f"/admin/v1/access-requests/{other}/decline", json={"reason": "Pilot is full"})
+    assert r.status_code == 200 and r.json()["state"] == "declined" and r.json()["reason"] == "Pilot is full"
+    answered = client.get("/admin/v1/access-requests", params={"tenant_id": t["id"], "state": "all"}).json()
+    assert {r["id"]: r["state"] for r in answered["data"]} == {any_model: "approved", other: "declined"}
+    assert client.post(f"/admin/v1/access-requests/{uuid.uuid4()}/approve").status_code == 404
+    assert client.get("/admin/v1/access-requests", params={"state": "lost"}).status_code == 422

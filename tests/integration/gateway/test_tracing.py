@@ -14,9 +14,19 @@ import httpx
 import pytest
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-from baton.api.gateway.facts import FactMerger, fact_key
+from baton.api.gateway.facts import FactMerger
 from baton.api.gateway.metering import Outcome
 from baton.core import telemetry as t
+from baton.core.contracts import (
+    ENV_FACTS_REDIS_URL,
+    HandoffFact,
+    KvLoadFailedFact,
+    KvTransferFact,
+    RecoveryStep,
+    RecoveryStepsFact,
+    RequestFacts,
+    fact_key,
+)
 from baton.core.settings import Settings, TelemetrySettings
 from tests.integration.gateway.conftest import Catalogue, MakeTenant, serve, wait_for
 
@@ -149,12 +159,11 @@ def test_recovery_steps_become_spans_in_the_requests_trace() -> None:
                              "detail": "upstream RemoteProtocolError"})
     o.end_pc = o.start_pc + 0.1
     gw_tracing.finish_request(tracing.tracer, span, o)
-    FactMerger(None, tracing.tracer).merge(o, {
-        "handoff": {"connector": "nixl", "kv_bytes": 131072, "transfer_ms": 3.5, "prompt_tokens": 100},
-        "recovery_steps": [{"step": "prefill_retry", "at_ms": 5, "duration_ms": 20, "outcome": "recovered",
-                            "detail": "prefill replica died"}],
+    FactMerger(None, tracing.tracer).merge(o, RequestFacts.of([
+        HandoffFact(connector="nixl", kv_bytes=131072, transfer_ms=3.5, prompt_tokens=100),
+        RecoveryStepsFact((RecoveryStep("prefill_retry", 5, 20, "recovered", "prefill replica died"),)),
         # the decode engine's KV pull failed 30 ms in, after 4 ms of waiting: it recomputed the prompt
-        "kv_load_failed": {"connector": "nixl", "blocks": 2, "wait_ms": 4.0, "t_unix": o.started + 0.030}})
+        KvLoadFailedFact(connector="nixl", blocks=2, wait_ms=4.0, t_unix=o.started + 0.030)]))
     spans = {s.name: s for s in exporter.get_finished_spans()}
     root = spans[t.SPAN_GATEWAY_REQUEST]
     for name, at, dur in (("recovery.decode_resume", 40.0, 12.5), ("recovery.prefill_retry", 5, 20),
@@ -178,12 +187,12 @@ async def _facts_to(url: str) -> AsyncIterator[None]:
     """The data plane's fact writer pointed at ``url`` for the block (one client, closed after)."""
     from baton.dataplane import facts
 
-    os.environ[facts.ENV_REDIS_URL] = url
+    os.environ[ENV_FACTS_REDIS_URL] = url
     facts._client = None
     try:
         yield
     finally:
-        del os.environ[facts.ENV_REDIS_URL]
+        del os.environ[ENV_FACTS_REDIS_URL]
         if facts._client is not None:
             await facts._client.aclose()
         facts._client = None
@@ -198,7 +207,7 @@ async def _facts_round_trip(settings: Settings) -> None:
 
     o = _outcome(deployment="tiny-pd")
     async with _facts_to(settings.redis.url):
-        await facts.record_fact(f"req-{o.request_id.hex}", "handoff", {"kv_bytes": 7, "transfer_ms": 1.25})
+        await facts.record_fact(f"req-{o.request_id.hex}", HandoffFact(kv_bytes=7, transfer_ms=1.25))
         red = aioredis.Redis.from_url(settings.redis.url)
         assert await red.ttl(fact_key(o.request_id.hex)) > 0
         await FactMerger(red)([o])
@@ -207,8 +216,8 @@ async def _facts_round_trip(settings: Settings) -> None:
     # The decode engine's own measurement (posted from its busy loop through a writer thread) wins.
     o2 = _outcome(deployment="tiny-pd")
     async with _facts_to(settings.redis.url):
-        await facts.record_fact(f"req-{o2.request_id.hex}", "handoff", {"kv_bytes": 8192, "transfer_ms": 9.0})
-        facts.post_fact(f"req-{o2.request_id.hex}", "kv_transfer", {"kv_bytes": 8000, "transfer_ms": 0.75})
+        await facts.record_fact(f"req-{o2.request_id.hex}", HandoffFact(kv_bytes=8192, transfer_ms=9.0))
+        facts.post_fact(f"req-{o2.request_id.hex}", KvTransferFact(kv_bytes=8000, transfer_ms=0.75))
         red = aioredis.Redis.from_url(settings.redis.url)
         for _ in range(100):  # the writer thread is asynchronous by design
             if await red.hexists(fact_key(o2.request_id.hex), "kv_transfer"):
@@ -221,8 +230,8 @@ async def _facts_round_trip(settings: Settings) -> None:
     # deployment: the decode server's recovery steps still reach the record.
     o3 = _outcome(deployment=None)
     async with _facts_to(settings.redis.url):
-        await facts.record_fact(f"req-{o3.request_id.hex}", "recovery_steps", [
-            {"step": "local_prefill", "at_ms": 1.0, "duration_ms": 30.0, "outcome": "recovered", "detail": "x"}])
+        await facts.record_fact(f"req-{o3.request_id.hex}", RecoveryStepsFact(
+            (RecoveryStep("local_prefill", 1.0, 30.0, "recovered", "x"),)))
         red = aioredis.Redis.from_url(settings.redis.url)
         await FactMerger(red)([o3])
         await red.aclose()
@@ -230,4 +239,4 @@ async def _facts_round_trip(settings: Settings) -> None:
     # Redis unreachable: no facts, no error.
     down = aioredis.Redis.from_url("redis://127.0.0.1:9", socket_connect_timeout=0.2)
     await FactMerger(down)([_outcome(deployment="x")])
-    await facts.record_fact("req-x", "handoff", {})  # no URL configured: nothing, no error
+    await facts.record_fact("req-x", HandoffFact())  # no URL configured: nothing, no error

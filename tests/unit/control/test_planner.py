@@ -94,3 +94,118 @@ def test_plot_renders_png_and_svg() -> None:
     p = _plan()
     assert pl.render_plot(p, "png")[:4] == b"\x89PNG"
     assert b"<svg" in pl.render_plot(p, "svg")
+
+
+# --- when nothing meets the SLO -------------------------------------------------------------------
+
+HW = pl.Hardware(prefill_tokens_per_s=10_000, decode_step_ms=15, decode_ms_per_seq=0.2, memory_bytes=80e9,
+                 link_bandwidth_gbps=25)
+
+
+def _traffic() -> pl.Traffic:
+    return pl.Traffic.lognormal(prompt_mean=2048, output_mean=256)
+
+
+@pytest.mark.parametrize(("slo", "loosened"), [(pl.Slo(ttft_ms=5, tpot_ms=30), "ttft_ms"),
+                                               (pl.Slo(ttft_ms=1000, tpot_ms=1), "tpot_ms")])
+def test_an_unmeetable_slo_gets_no_recommendation_but_the_closest_and_what_would_meet_it(
+        slo: pl.Slo, loosened: str) -> None:
+    p = pl.plan(SHAPE, HW, _traffic(), slo)
+    assert not p.feasible and p.recommended is None
+    assert all(c.goodput_per_gpu == 0 for c in p.configs)
+    d = p.as_dict()
+    assert d["recommendation"] is None and d["closest"]["name"] == p.closest
+    assert "Nothing meets this SLO" in p.reason
+    assert p.to_meet, "a way to meet the SLO is offered"
+    remedy = p.to_meet[0]
+    assert loosened in remedy.changes and remedy.changes[loosened] > getattr(slo, loosened)
+    # the remedy was checked: planning again with it finds a configuration within the SLO
+    again = pl.plan(SHAPE, HW, _traffic(), pl.Slo(**{**slo.__dict__, **remedy.changes}))
+    assert again.feasible and again.recommended == remedy.then["recommended"]
+
+
+def test_a_meetable_slo_is_feasible_with_a_recommendation() -> None:
+    p = pl.plan(SHAPE, HW, _traffic(), pl.Slo(ttft_ms=1000, tpot_ms=30))
+    assert p.feasible and p.recommended and p.closest is None and p.to_meet == []
+    assert p.as_dict()["recommendation"]["name"] == p.recommended
+
+
+def test_the_plot_of_an_unmeetable_slo_draws_attainment_on_a_real_axis() -> None:
+    import io
+
+    from PIL import Image
+
+    p = pl.plan(SHAPE, HW, _traffic(), pl.Slo(ttft_ms=260, tpot_ms=30))
+    assert not p.feasible and max(c.slo_attainment for c in p.configs) > 0
+    png = pl.render_plot(p)
+    img = Image.open(io.BytesIO(png)).convert("RGB")
+    # the closest configuration's bar is drawn in orange (tab:orange), none green (no recommendation)
+    colours = {c for _, c in img.getcolors(maxcolors=1 << 24) or []}
+    assert (255, 127, 14) in colours
+    assert (44, 160, 44) not in colours
+
+
+def test_calibration_leaves_out_impossible_tpots() -> None:
+    t0 = dt.datetime(2026, 12, 1, tzinfo=dt.UTC)
+    recs = [{"prompt_tokens": 512, "completion_tokens": 128, "ttft_ms": 200.0 + i, "tpot_ms": 0.03,
+             "handoff_ms": None, "kv_bytes": None, "started_at": t0 + dt.timedelta(seconds=i)} for i in range(20)]
+    cal = pl.calibrate(recs, HW)
+    assert cal is not None
+    assert cal.hardware.decode_step_ms == HW.decode_step_ms  # kept from the settings, not 0.03 ms
+    assert any("TPOT" in n for n in cal.notes)
+
+
+def test_the_figure_of_an_unmeetable_slo_has_labelled_bars_on_a_non_degenerate_axis() -> None:
+    # The fresh-box case: nothing meets the SLO, every goodput is 0.
+    p = pl.plan(SHAPE, HW, _traffic(), pl.Slo(ttft_ms=5, tpot_ms=30))
+    assert not p.feasible and all(c.goodput_per_gpu == 0 for c in p.configs)
+    fig = pl.plot_figure(p)
+    bars, curves = fig.axes[0], fig.axes[1]
+    lo, hi = bars.get_ylim()
+    assert lo == 0 and hi >= 100  # attainment in %, never -0.04..0.04
+    assert "nothing meets the SLO" in bars.get_title()
+    assert len([t for t in bars.texts if t.get_text().endswith("%")]) == len(p.configs)
+    x0, x1 = curves.get_xlim()
+    assert x1 > x0 and any(len(line.get_xdata()) > 1 for line in curves.get_lines())
+
+
+def test_the_figure_of_a_meetable_slo_labels_each_goodput() -> None:
+    p = pl.plan(SHAPE, HW, _traffic(), pl.Slo(ttft_ms=1000, tpot_ms=30))
+    bars = pl.plot_figure(p).axes[0]
+    assert bars.get_ylim()[1] > max(c.goodput_per_gpu for c in p.configs) > 0
+    assert [t.get_text() for t in bars.texts] == [f"{c.goodput_per_gpu:.3g}" for c in p.configs]
+
+
+T0 = dt.datetime(2026, 12, 1, tzinfo=dt.UTC)
+
+
+def _record(i: int, *, start_s: float, ttft: float, tpot: float, e2e_s: float) -> dict:  # type: ignore[type-arg]
+    start = T0 + dt.timedelta(seconds=start_s)
+    return {"prompt_tokens": 512, "completion_tokens": 128, "ttft_ms": ttft, "tpot_ms": tpot, "handoff_ms": None,
+            "kv_bytes": None, "started_at": start, "finished_at": start + dt.timedelta(seconds=e2e_s)}
+
+
+def test_a_saturated_box_is_not_calibrated_from() -> None:
+    # 371 requests measured on a saturated box: each queued ~6.4 s, its answer flushed at once.
+    recs = [_record(i, start_s=i * 0.1, ttft=6400.0, tpot=0.03, e2e_s=6.5) for i in range(371)]
+    base = pl.Hardware(prefill_tokens_per_s=20_000, decode_step_ms=5, decode_ms_per_seq=0.3)
+    cal = pl.calibrate(recs, base)
+    assert cal is not None and cal.samples == 371 and cal.used == 0
+    assert cal.hardware == base  # the settings' figures, not 80 tokens/s and 0.03 ms
+    assert cal.rejected == {"coalesced": 371}
+    assert any("burst" in n for n in cal.notes) and any("settings" in n for n in cal.notes)
+    # and the 512/128 plan from those figures meets a 1 s / 50 ms SLO
+    t = pl.Traffic.lognormal(prompt_mean=512, output_mean=128)
+    p = pl.plan(pl.ModelShape(2, 2, 32, "float32", 0.01), cal.hardware, t, pl.Slo(1000, 50))
+    assert p.feasible and p.recommended
+
+
+def test_calibration_uses_only_requests_that_ran_alone() -> None:
+    alone = [_record(i, start_s=100 + i * 10, ttft=50.0, tpot=5.0, e2e_s=1.0) for i in range(8)]
+    # a burst of 40 overlapping requests: their TTFTs are queueing
+    loaded = [_record(i, start_s=i * 0.05, ttft=3000.0 + i, tpot=40.0, e2e_s=8.0) for i in range(40)]
+    cal = pl.calibrate(alone + loaded, pl.Hardware())
+    assert cal is not None and cal.used == 8 and cal.rejected == {"loaded": 40}
+    assert cal.hardware.prefill_tokens_per_s == pytest.approx(512 / 0.05)
+    assert cal.hardware.decode_step_ms == pytest.approx(5.0)
+    assert len(cal.traffic.prompt_tokens) == 48  # the mix is every request's

@@ -20,6 +20,7 @@ from vllm.distributed.kv_transfer.kv_connector.v1.nixl.metadata import NixlConne
 from vllm.distributed.kv_transfer.kv_connector.v1.nixl.pull_worker import NixlPullConnectorWorker
 
 from baton.core import telemetry as t
+from baton.core.contracts import KvLoadFailedFact, KvTransferFact, kv_bytes
 from baton.core.settings import TelemetrySettings
 from baton.dataplane import kv_trace
 from baton.dataplane import tracing as dp_tracing
@@ -93,9 +94,9 @@ def spans(monkeypatch: pytest.MonkeyPatch) -> InMemorySpanExporter:
 
 
 @pytest.fixture
-def posted(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, str, dict[str, Any]]]:
-    out: list[tuple[str, str, dict[str, Any]]] = []
-    monkeypatch.setattr(kv_trace, "post_fact", lambda rid, field, value: out.append((rid, field, value)))
+def posted(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, Any]]:
+    out: list[tuple[str, Any]] = []
+    monkeypatch.setattr(kv_trace, "post_fact", lambda rid, fact: out.append((rid, fact)))
     return out
 
 
@@ -122,16 +123,16 @@ def test_a_pull_is_a_span_below_the_handoff_with_nixls_bytes_and_time(spans, pos
     a = span.attributes
     assert a["baton.kv.timing"] == "nixl_telemetry"
     assert a["baton.kv.bytes"] == 262144  # what NIXL moved
-    assert a["baton.kv.expected_bytes"] == t.kv_bytes(num_layers=2, num_kv_heads=2, head_dim=32, tokens=300,
-                                                      bytes_per_element=4)
+    assert a["baton.kv.expected_bytes"] == kv_bytes(num_layers=2, num_kv_heads=2, head_dim=32, tokens=300,
+                                                    bytes_per_element=4)
     assert a["baton.kv.transfer_ms"] == pytest.approx(2.0)  # post + transfer, microseconds from NIXL
     assert a["baton.kv.ideal_ms"] == pytest.approx(262144 / 1.9e9 * 1e3)
     assert a["baton.kv.efficiency"] == pytest.approx(a["baton.kv.ideal_ms"] / 2.0)
     assert a["baton.kv.blocks"] == 3 and a["baton.kv.transfers"] == 1
     assert span.end_time - span.start_time <= 2_000_000
-    assert posted == [("feedface", "kv_transfer", {
-        "connector": "nixl", "kv_bytes": 262144, "expected_bytes": 300 * 1024, "transfer_ms": pytest.approx(2.0),
-        "wait_ms": pytest.approx(a["baton.kv.wait_ms"]), "timing": "nixl_telemetry", "prompt_tokens": 300})]
+    assert posted == [("feedface", KvTransferFact(
+        connector="nixl", kv_bytes=262144, expected_bytes=300 * 1024, transfer_ms=pytest.approx(2.0),
+        wait_ms=pytest.approx(a["baton.kv.wait_ms"]), timing="nixl_telemetry", prompt_tokens=300))]
     assert not c._baton_recv  # nothing left behind
 
 
@@ -155,7 +156,7 @@ def test_a_failed_pull_is_an_error_span_and_a_recompute_fact(spans, posted) -> N
     (span,) = spans.get_finished_spans()
     assert not span.status.is_ok and span.status.description == "KV load failed"
     # no transfer figures, but the fact that the engine recomputed (the gateway's kv_recompute step)
-    assert [(field, value["blocks"]) for _, field, value in posted] == [("kv_load_failed", 1)]
+    assert [(type(fact), fact.blocks) for _, fact in posted] == [(KvLoadFailedFact, 1)]
 
 
 def test_an_untraced_request_costs_nothing(spans, posted) -> None:

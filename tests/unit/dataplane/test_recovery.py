@@ -13,6 +13,7 @@ pytest.importorskip("ray")
 
 from ray.llm._internal.serve.core.configs.openai_api_models import CompletionRequest, ErrorResponse
 
+from baton.core.contracts import PhasesFact, RecoveryStepsFact, ReplicaEnv
 from baton.dataplane import recovery
 from baton.dataplane.recovery import PrefillPolicy, orchestrate
 from baton.dataplane.render import kv_transfer_config, render_llm_config
@@ -107,6 +108,8 @@ async def _fallback(request: Any, raw: Any):  # type: ignore[no-untyped-def]
 
 def _run(script: list[str], policy: PrefillPolicy = FAST,
          live: int | None = None) -> tuple[list[Any], list[Any], _Server, list[dict]]:
+    """Runs the ladder; returns its output, what the decode engine was given, the server, and the facts
+    written (``{"id": ..., field: JSON}`` each, awaited or spawned alike, in order)."""
     server = _Server(script, live)
     decoded: list[Any] = []
     facts: list[dict] = []
@@ -120,8 +123,11 @@ def _run(script: list[str], policy: PrefillPolicy = FAST,
 
         return gen()
 
-    async def record(rid: Any, field: str, value: Any) -> None:
-        facts.append({"id": rid, field: list(value)})
+    async def record(rid: Any, fact: Any) -> None:
+        facts.append({"id": rid, fact.FIELD.value: fact.to_json()})
+
+    def spawn(rid: Any, fact: Any) -> None:
+        facts.append({"id": rid, fact.FIELD.value: fact.to_json()})
 
     request = CompletionRequest(model="m", prompt="hi", max_tokens=4)
     raw = type("Raw", (), {"headers": {"x-request-id": "abc123"}})()
@@ -129,23 +135,40 @@ def _run(script: list[str], policy: PrefillPolicy = FAST,
     async def main() -> list[Any]:
         return [c async for c in orchestrate(server, request, raw, _fallback, local, policy=policy)]
 
-    original = recovery.record_fact
-    recovery.record_fact = record  # type: ignore[assignment]
+    original = recovery.record_fact, recovery.spawn_fact
+    recovery.record_fact, recovery.spawn_fact = record, spawn  # type: ignore[assignment]
     try:
         out = asyncio.run(main())
     finally:
-        recovery.record_fact = original  # type: ignore[assignment]
+        recovery.record_fact, recovery.spawn_fact = original  # type: ignore[assignment]
     return out, decoded, server, facts
 
 
 def _steps(facts: list[dict]) -> list[tuple[str, str]]:
-    return [(s["step"], s["outcome"]) for s in facts[-1]["recovery_steps"]] if facts else []
+    written = [f["recovery_steps"] for f in facts if "recovery_steps" in f]
+    return [(s["step"], s["outcome"]) for s in written[-1]] if written else []
+
+
+def _phases(facts: list[dict]) -> PhasesFact:
+    (written,) = [f["phases"] for f in facts if "phases" in f]  # once per request
+    return PhasesFact.from_json(written)
+
+
+def _recorded_steps(facts: list[dict]) -> list[dict]:
+    written = [f["recovery_steps"] for f in facts if "recovery_steps" in f]
+    return RecoveryStepsFact.from_json(written[-1]).to_json() if written else []
 
 
 def test_a_healthy_prefill_takes_no_step() -> None:
     out, decoded, server, facts = _run([])
     assert out == ["tok-1", "tok-2"] and decoded[0][0] == "decode-with-remote-kv"
-    assert len(server.method.calls) == 1 and facts == []
+    assert len(server.method.calls) == 1 and _steps(facts) == []
+    phases = _phases(facts)  # measured: one prefill call, then the handoff to the first token
+    assert [(p.phase, p.outcome, p.attempt) for p in phases.phases] == [
+        ("remote_prefill", "ok", 1), ("kv_handoff", "ok", None)]
+    prefill, handoff = phases.phases
+    assert 0 <= prefill.start_ms <= prefill.end_ms <= handoff.start_ms and handoff.duration_ms >= 0
+    assert phases.received_unix > 0 and facts[-1]["id"] == "abc123"
 
 
 @pytest.mark.parametrize("failure", ["die", "hang", "503"])
@@ -161,6 +184,10 @@ def test_when_every_prefill_fails_the_decode_side_prefills_locally() -> None:
     assert out == ["tok-1", "tok-2"]
     assert not isinstance(decoded[0], tuple)  # the original request, no remote KV params
     assert _steps(facts) == [("prefill_retry", "failed"), ("prefill_retry", "failed"), ("local_prefill", "recovered")]
+    assert [(p.phase, p.outcome, p.attempt) for p in _phases(facts).phases] == [
+        ("remote_prefill", "failed", 1), ("remote_prefill", "failed", 2), ("remote_prefill", "failed", 3),
+        ("local_prefill", "ok", None)]
+    assert _recorded_steps(facts) == facts[-2]["recovery_steps"]  # the steps' JSON is the contract's
 
 
 def test_with_no_live_prefill_replica_the_decode_side_prefills_at_once() -> None:
@@ -168,7 +195,8 @@ def test_with_no_live_prefill_replica_the_decode_side_prefills_at_once() -> None
     assert out == ["tok-1", "tok-2"] and not isinstance(decoded[0], tuple)
     assert server.method.calls == []  # no call that would wait for Ray to replace the pool
     assert _steps(facts) == [("local_prefill", "recovered")]
-    assert "no live prefill replica" in facts[-1]["recovery_steps"][0]["detail"]
+    assert "no live prefill replica" in _recorded_steps(facts)[0]["detail"]
+    assert [p.phase for p in _phases(facts).phases] == ["local_prefill"]  # no remote call was made
 
 
 def test_a_dead_only_replica_is_not_retried_the_decode_side_prefills() -> None:
@@ -191,6 +219,8 @@ def test_without_local_prefill_the_ladder_ends_in_503() -> None:
                                                               local_prefill=False))
     assert len(out) == 1 and isinstance(out[0], ErrorResponse) and out[0].error.code == 503 and decoded == []
     assert _steps(facts)[-1] == ("local_prefill", "failed")
+    # the ladder gave up: the attempts it made are still measured
+    assert [(p.phase, p.outcome) for p in _phases(facts).phases] == [("remote_prefill", "failed")] * 3
 
 
 def test_a_client_error_from_prefill_is_not_retried() -> None:
@@ -199,8 +229,8 @@ def test_a_client_error_from_prefill_is_not_retried() -> None:
 
 
 def test_policy_from_env() -> None:
-    p = PrefillPolicy.from_env({"BATON_PREFILL_TIMEOUT_S": "2.5", "BATON_PREFILL_ATTEMPTS": "5",
-                                "BATON_LOCAL_PREFILL": "0", "BATON_PREFILL_BACKOFF_S": "junk"})
+    p = ReplicaEnv.from_environ({"BATON_PREFILL_TIMEOUT_S": "2.5", "BATON_PREFILL_ATTEMPTS": "5",
+                                 "BATON_LOCAL_PREFILL": "0", "BATON_PREFILL_BACKOFF_S": "junk"}).prefill
     assert (p.timeout_s, p.attempts, p.local_prefill, p.backoff_s) == (2.5, 5, False, 0.2)
 
 

@@ -8,7 +8,6 @@ from pydantic import ValidationError
 from baton.dataplane.render import (
     APP_IMPORT_PATH,
     engine_env,
-    kv_bytes_block_rounded,
     render_llm_config,
     render_serve_application,
 )
@@ -174,13 +173,6 @@ def test_pd_with_lmcache_uses_the_same_multiconnector_on_both_sides():
 def test_aggregated_without_tiers_has_no_connector():
     cfg = render_llm_config(DeploymentSpec(name="x", model=MODEL), "aggregated")
     assert "kv_transfer_config" not in cfg["engine_kwargs"]
-
-
-def test_kv_size_formula_block_rounded():
-    shape = {"num_layers": 2, "num_kv_heads": 2, "head_dim": 32, "dtype_bytes": 4}
-    assert kv_bytes_block_rounded(1, **shape) == 128 * 1024
-    assert kv_bytes_block_rounded(128, **shape) == 128 * 1024
-    assert kv_bytes_block_rounded(1000, **shape) == 8 * 128 * 1024
 
 
 def test_nixl_side_channel_ports_come_from_the_spec():

@@ -74,3 +74,33 @@ def test_a_model_without_a_local_tokenizer_is_known_after_its_first_long_prompt(
     assert not counter.loaded("/nonexistent")
     assert counter.count("x" * 800, source="/nonexistent", context_length=1000) == (201, False)
     assert counter.loaded("/nonexistent")  # later prompts of this model are counted without a file lookup
+
+
+def test_a_part_stuck_on_stop_does_not_hang_the_gateways_shutdown(monkeypatch: pytest.MonkeyPatch,
+                                                                   caplog: pytest.LogCaptureFixture) -> None:
+    """A background part whose stop never returns (a dead connection) is logged and left behind; the
+    parts after it are still stopped."""
+    import asyncio
+    from types import SimpleNamespace
+
+    from baton.api.gateway import service
+
+    monkeypatch.setattr(service, "STOP_LIMIT_S", 0.05)
+    stopped: list[str] = []
+
+    class Part:
+        def __init__(self, name: str, hang: bool = False, fail: bool = False) -> None:
+            self.name, self.hang, self.fail = name, hang, fail
+
+        async def stop(self) -> None:
+            if self.hang:
+                await asyncio.Event().wait()
+            if self.fail:
+                raise ConnectionError("gone")
+            stopped.append(self.name)
+
+    gw = SimpleNamespace(listener=Part("listener", hang=True), limiter=Part("limiter", fail=True),
+                         meter=Part("meter"), principals=Part("principals"))
+    asyncio.run(asyncio.wait_for(service.Gateway.stop(gw), timeout=5))  # type: ignore[arg-type]
+    assert stopped == ["meter", "principals"]
+    assert "key invalidation listener did not stop" in caplog.text and "rate limiter failed to stop" in caplog.text

@@ -1,0 +1,45 @@
+"""What the control plane's use cases hand back and take in, shared by :mod:`~baton.control.catalogue` and
+:mod:`~baton.control.policies`: a page of views, the caller's precondition on a row's version, and the
+marker of a field a change leaves alone.
+
+Views are frozen dataclasses copied out of the unit of work before it closes: no ORM instance leaves a
+use case, so a surface can never lazy-load, mutate or re-attach one.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Generic, TypeVar
+
+T = TypeVar("T")
+
+#: Called with a row's current version inside the use case's transaction, before anything changes;
+#: raises :class:`baton.core.errors.PreconditionFailedError` when the caller's copy is stale (HTTP:
+#: ``If-Match``). ``None``: the caller does not care.
+Precondition = Callable[[int], None]
+
+
+class Unset(enum.Enum):
+    """A field a change command leaves as it is (``None`` is a value: it clears the field)."""
+
+    UNSET = "unset"
+
+
+UNSET = Unset.UNSET
+
+
+@dataclass(frozen=True, slots=True)
+class Page(Generic[T]):
+    """One page of a listing and how many items match it in all."""
+
+    items: Sequence[T]
+    total: int
+    limit: int
+    offset: int
+
+
+def check(expect: Precondition | None, version: int) -> None:
+    if expect is not None:
+        expect(version)

@@ -1,0 +1,73 @@
+"""Every console page on a phone (390 x 844) and a laptop (1366 x 768): nothing wider than the screen, no
+error banner, no script error. A new tenant from its sign-up, and an operator."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from playwright.sync_api import expect
+
+from .conftest import PASSWORD, Stack, shot
+from .test_console import grant, sign_up
+
+pytestmark = pytest.mark.browser
+
+TENANT_PAGES = ["/console/", "/console/keys", "/console/models", "/console/usage", "/console/slo",
+                "/console/requests", "/console/playground"]
+OPERATOR_PAGES = ["/console/ops", "/console/ops/tenants", "/console/ops/models", "/console/ops/deployments",
+                  "/console/ops/slo", "/console/ops/planner", "/console/ops/audit"]
+VIEWPORTS = {"phone": (390, 844), "laptop": (1366, 768)}
+
+
+@pytest.fixture(params=list(VIEWPORTS))
+def sized(request, browser, stack: Stack) -> Iterator[tuple[str, Any, list[str]]]:  # type: ignore[no-untyped-def]
+    w, h = VIEWPORTS[request.param]
+    ctx = browser.new_context(base_url=stack.url, viewport={"width": w, "height": h})
+    ctx.set_default_timeout(15000)
+    pg = ctx.new_page()
+    errors: list[str] = []
+    pg.on("pageerror", lambda e: errors.append(str(e)))
+    # script errors; a failed fetch is logged too, and the first /session check before sign-in is a 401
+    pg.on("console", lambda m: errors.append(m.text)
+          if m.type == "error" and not m.text.startswith("Failed to load resource") else None)
+    yield request.param, pg, errors
+    ctx.close()
+
+
+def _check(page: Any, path: str, width: int) -> None:
+    page.goto(path)
+    expect(page.locator("h1").first).to_be_visible()
+    page.wait_for_load_state("networkidle")
+    expect(page.locator(".error")).to_have_count(0)
+    scroll = page.evaluate("document.documentElement.scrollWidth")
+    assert scroll <= width, f"{path} is {scroll} px wide on a {width} px screen"
+
+
+def test_a_new_tenants_pages_fit_the_screen(sized, stack: Stack) -> None:  # type: ignore[no-untyped-def]
+    name, page, errors = sized
+    width = VIEWPORTS[name][0]
+    page.goto("/console/signup")
+    assert page.evaluate("document.documentElement.scrollWidth") <= width
+    slug, _ = sign_up(page, stack)
+    grant(stack.db, slug, stack.model_id)
+    for path in TENANT_PAGES:
+        _check(page, path, width)
+    shot(page, f"responsive-{name}-tenant-playground")
+    assert errors == []
+
+
+def test_the_operators_pages_fit_the_screen(sized, stack: Stack) -> None:  # type: ignore[no-untyped-def]
+    name, page, errors = sized
+    width = VIEWPORTS[name][0]
+    page.goto("/console/login")
+    page.get_by_label("Email").fill(stack.operator_email)
+    page.get_by_label("Password").fill(PASSWORD)
+    page.get_by_role("button", name="Sign in").click()
+    expect(page.get_by_role("heading", name=re.compile("Platform health"))).to_be_visible()
+    for path in OPERATOR_PAGES:
+        _check(page, path, width)
+        shot(page, f"responsive-{name}-{path.rsplit('/', 1)[-1]}")
+    assert errors == []
