@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Literal
 
 import typer
 
@@ -14,8 +14,11 @@ app = typer.Typer(help="Build and inspect model folders.", no_args_is_help=True)
 def make_tiny(
     out: Annotated[Path, typer.Option("--out", help="Folder to write the model into.")],
     seed: Annotated[int, typer.Option("--seed", help="Seed of weights and tokenizer corpus.")] = 0,
+    kind: Annotated[Literal["generate", "embed"], typer.Option(
+        "--kind", help="generate: a causal LM for chat and completions; embed: the same trunk as an embedding "
+        "model (mean pooling, normalised) for /v1/embeddings.")] = "generate",
 ) -> None:
-    """Build Baton's default tiny Llama model (random weights, local tokenizer) deterministically."""
+    """Build Baton's tiny Llama model (random weights, local tokenizer) deterministically."""
     from rich.progress import Progress
 
     from baton.dataplane.tinymodel import DEFAULT_SHAPE, build_tiny_model
@@ -26,9 +29,11 @@ def make_tiny(
         def progress(step: str, done: int, total: int) -> None:
             bar.update(task, completed=done, total=total, description=f"tiny model: {step}")
 
-        path = build_tiny_model(out, seed=seed, progress=progress)
+        path = build_tiny_model(out, seed=seed, kind=kind, progress=progress)
     shape = DEFAULT_SHAPE
+    what = (f"embeddings of {shape.hidden_size} dimensions" if kind == "embed"
+            else f"KV {shape.kv_bytes_per_token()} bytes/token fp32")
     typer.echo(
-        f"tiny model written to {path} (seed {seed}; {shape.num_hidden_layers} layers, hidden "
-        f"{shape.hidden_size}, vocab {shape.vocab_size}, KV {shape.kv_bytes_per_token()} bytes/token fp32)"
+        f"tiny {kind} model written to {path} (seed {seed}; {shape.num_hidden_layers} layers, hidden "
+        f"{shape.hidden_size}, vocab {shape.vocab_size}, {what})"
     )

@@ -1,8 +1,9 @@
 """``baton up`` / ``baton down`` / ``baton status``: the whole platform on this machine.
 
 ``up`` is idempotent: every step checks what is already there. It brings up, in order: local secrets
-(``var/baton.env``), the Postgres schema, the tiny default model, a loopback-only Ray head, the
-catalogue (model, P/D deployment, a demo tenant with a key), the reconciler's first apply (the Serve
+(``var/baton.env``), the Postgres schema, the tiny models (a causal LM and an embedding model), a loopback-only
+Ray head, the catalogue (the LM with tools enabled and its P/D deployment, the embedding model and its aggregated
+deployment, a demo tenant with a key), the reconciler's first apply (the Serve
 app comes up), the gateway + console, and a Celery worker. ``down`` stops what ``up`` started.
 """
 
@@ -31,6 +32,10 @@ from baton.dataplane.render import CPU_HOST_CONTROL_LOOP_S, ray_cluster_env
 DEMO_TENANT = "demo"
 DEMO_MODEL = "tiny-llama"
 DEMO_DEPLOYMENT = "tiny-llama-pd"
+#: The demo model's tool-call parser (its chat template, ``TOOLS_CHAT_TEMPLATE``, writes Hermes's format).
+DEMO_TOOL_PARSER = "hermes"
+EMBED_MODEL = "tiny-embed"
+EMBED_DEPLOYMENT = "tiny-embed"
 
 # Ray's own processes and every engine they spawn stay on loopback.
 LOOPBACK_ENV = {
@@ -206,38 +211,60 @@ class Admin:
         items = body["data"]
         return next((i for i in items if all(i.get(k) == v for k, v in match.items())), None)
 
-    def ensure(self, path: str, body: dict[str, object], **match: str) -> dict[str, object]:
+    def ensure(self, path: str, body: dict[str, object], *, keep: tuple[str, ...] = (),
+               **match: str) -> dict[str, object]:
+        """The item matching ``match``, created from ``body`` if missing; the fields named in ``keep`` are
+        brought to ``body``'s values on an item that exists (an install from before they were set)."""
         found = self.find(path, **match)
-        if found is not None:
-            return found
-        r = self.http.post(path, json=body)
+        if found is None:
+            r = self.http.post(path, json=body)
+        else:
+            changed = {k: body[k] for k in keep if found.get(k) != body[k]}
+            if not changed:
+                return found
+            r = self.http.patch(f"{path}/{found['id']}", json=changed)
         if r.status_code >= 400:
-            raise typer.Exit(_fail(f"POST /admin/v1{path}: {r.status_code} {r.text[:300]}"))
+            raise typer.Exit(_fail(f"{r.request.method} /admin/v1{path}: {r.status_code} {r.text[:300]}"))
         return dict(r.json())
 
 
-def ensure_catalogue(admin: Admin, model_dir: Path, redis_url: str) -> tuple[dict[str, object], dict[str, object]]:
-    """The tiny model, its P/D deployment, and the demo tenant with access to it."""
+def _model_body(name: str, model_dir: Path, **serving: object) -> dict[str, object]:
     import json
 
     config = json.loads((model_dir / "config.json").read_text())
-    model = admin.ensure("/models", {
-        "name": DEMO_MODEL, "source": str(model_dir.resolve()),
-        "context_length": int(config["max_position_embeddings"]), "num_layers": int(config["num_hidden_layers"]),
-        "num_kv_heads": int(config["num_key_value_heads"]), "head_dim": int(config["head_dim"]),
-        "dtype": "float32",
-    }, name=DEMO_MODEL)
+    return {"name": name, "source": str(model_dir.resolve()),
+            "context_length": int(config["max_position_embeddings"]), "num_layers": int(config["num_hidden_layers"]),
+            "num_kv_heads": int(config["num_key_value_heads"]), "head_dim": int(config["head_dim"]),
+            "dtype": "float32", **serving}
+
+
+def ensure_catalogue(admin: Admin, model_dir: Path, embed_dir: Path,
+                     redis_url: str) -> tuple[dict[str, object], list[dict[str, object]]]:
+    """The tiny model (tools enabled) and its P/D deployment, the tiny embedding model and its aggregated
+    deployment, and the demo tenant with access to both."""
+    from baton.dataplane.tinymodel import TOOLS_CHAT_TEMPLATE
+
+    model = admin.ensure("/models", _model_body(DEMO_MODEL, model_dir, tool_call_parser=DEMO_TOOL_PARSER,
+                                                chat_template=TOOLS_CHAT_TEMPLATE),
+                         keep=("tool_call_parser", "chat_template"), name=DEMO_MODEL)
+    embed = admin.ensure("/models", _model_body(EMBED_MODEL, embed_dir, kind="embed"), name=EMBED_MODEL)
     deployment = admin.ensure("/deployments", {
         "name": DEMO_DEPLOYMENT, "model_id": model["id"], "mode": "pd",
         "prefill": {"min": 1, "max": 1}, "decode": {"min": 1, "max": 1},
         "engine": {"kv_cache_space_gib": 0.5, "max_num_seqs": 16, "max_model_len": 4096},
         "kv_connector": "nixl", "lmcache": {"redis_url": redis_url, "local_cpu_gib": 0.25},
     }, name=DEMO_DEPLOYMENT)
+    embed_deployment = admin.ensure("/deployments", {
+        "name": EMBED_DEPLOYMENT, "model_id": embed["id"], "mode": "aggregated", "decode": {"min": 1, "max": 1},
+        "engine": {"kv_cache_space_gib": 0.25, "max_num_seqs": 16, "max_model_len": 4096},
+    }, name=EMBED_DEPLOYMENT)
     tenant = admin.ensure("/tenants", {"name": DEMO_TENANT, "display_name": "Demo tenant"}, name=DEMO_TENANT)
-    r = admin.http.put(f"/tenants/{tenant['id']}/models/{model['id']}")
-    if r.status_code >= 400:
-        raise typer.Exit(_fail(f"could not grant {DEMO_MODEL} to {DEMO_TENANT}: {r.status_code} {r.text[:300]}"))
-    return tenant, deployment
+    for granted in (model, embed):
+        r = admin.http.put(f"/tenants/{tenant['id']}/models/{granted['id']}")
+        if r.status_code >= 400:
+            raise typer.Exit(_fail(f"could not grant {granted['name']} to {DEMO_TENANT}: {r.status_code} "
+                                   f"{r.text[:300]}"))
+    return tenant, [deployment, embed_deployment]
 
 
 def demo_key(admin: Admin, tenant: dict[str, object], state: Path) -> str:
@@ -269,7 +296,8 @@ def wait_running(admin: Admin, deployment: dict[str, object], settings: Settings
     try:
         with Progress(SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(),
                       transient=True) as bar:
-            task = bar.add_task("P/D deployment: waiting for Ray Serve", total=None)
+            label = f"{deployment['name']} ({'P/D' if deployment.get('mode') == 'pd' else 'aggregated'})"
+            task = bar.add_task(f"{label}: waiting for Ray Serve", total=None)
             while time.monotonic() < deadline:
                 try:
                     app = ray.status().apps.get(str(deployment["name"]))
@@ -282,7 +310,7 @@ def wait_running(admin: Admin, deployment: dict[str, object], settings: Settings
                 # a failure observed in this run, not the previous run's
                 fresh = isinstance(seen, str) and dt.datetime.fromisoformat(seen) >= started
                 serving = app.status if app is not None else "not deployed yet"
-                bar.update(task, description=f"P/D deployment: Ray Serve {serving.lower()}, control plane {state}")
+                bar.update(task, description=f"{label}: Ray Serve {serving.lower()}, control plane {state}")
                 if app is not None and app.status == "RUNNING" and state == "running":
                     return
                 if (state == "failed" and fresh) or (app is not None and app.status == "DEPLOY_FAILED"):
@@ -292,6 +320,21 @@ def wait_running(admin: Admin, deployment: dict[str, object], settings: Settings
         ray.close()
     raise typer.Exit(_fail(f"the deployment was not running after {timeout_s:.0f} s (logs: var/log/ and Ray's "
                            "session logs, logs/serve/)"))
+
+
+def smoke_embeddings(base_url: str, key: str, timeout_s: float = 120.0) -> int:
+    """One embedding through the gateway; returns its dimensions (a 503 is retried until the timeout)."""
+    import httpx
+
+    deadline = time.monotonic() + timeout_s
+    while True:
+        r = httpx.post(f"{base_url}/v1/embeddings", headers={"authorization": f"Bearer {key}"}, timeout=120,
+                       json={"model": EMBED_MODEL, "input": "Hello, Baton!"})
+        if r.status_code == 200:
+            return len(r.json()["data"][0]["embedding"])
+        if r.status_code != 503 or time.monotonic() > deadline:
+            raise typer.Exit(_fail(f"an embedding through the gateway failed: {r.status_code} {r.text[:300]}"))
+        time.sleep(2)
 
 
 def smoke(base_url: str, key: str, timeout_s: float = 120.0) -> str:
@@ -345,12 +388,14 @@ def up(
     out.print("[green]ok[/] Postgres schema at head")
 
     model_dir = state / "models" / "tiny-llama"
-    if with_model and not (model_dir / "config.json").exists():
-        with out.status("building the tiny model"):
-            subprocess.run([baton, "model", "make-tiny", "--out", str(model_dir)], check=True,
-                           stdout=subprocess.DEVNULL)
+    embed_dir = state / "models" / EMBED_MODEL
+    for folder, kind in ((model_dir, "generate"), (embed_dir, "embed")):
+        if with_model and not (folder / "config.json").exists():
+            with out.status(f"building the tiny {kind} model"):
+                subprocess.run([baton, "model", "make-tiny", "--kind", kind, "--out", str(folder)], check=True,
+                               stdout=subprocess.DEVNULL)
     if with_model:
-        out.print(f"[green]ok[/] tiny model in {model_dir}")
+        out.print(f"[green]ok[/] tiny models in {model_dir} and {embed_dir}")
         with out.status("Ray head (loopback only)"):
             start_ray_head(settings, procs)
         out.print(f"[green]ok[/] Ray head, dashboard {settings.ray.dashboard_url}")
@@ -358,7 +403,7 @@ def up(
     base_url = f"http://{settings.gateway.host}:{settings.gateway.port}"
     procs.start("worker", [baton, "worker"])
     # a new organisation may call the demo model from its sign-up (no operator grant needed on this machine)
-    grants = os.environ.get("BATON_TENANCY__DEFAULT_MODELS", f'["{DEMO_MODEL}"]')
+    grants = os.environ.get("BATON_TENANCY__DEFAULT_MODELS", f'["{DEMO_MODEL}", "{EMBED_MODEL}"]')
     procs.start("gateway", [baton, "gateway", "run"], env={"BATON_TENANCY__DEFAULT_MODELS": grants})
     wait_for("the gateway", lambda: _http_ok(f"{base_url}/healthz"), 60)
     out.print(f"[green]ok[/] gateway and console at {base_url} (worker running)")
@@ -368,17 +413,21 @@ def up(
         raise typer.Exit(_fail("BATON_SECURITY__ADMIN_TOKEN is not set (var/baton.env)"))
     admin = Admin(base_url, token.get_secret_value())
     if with_model:
-        tenant, deployment = ensure_catalogue(admin, model_dir, settings.redis.lmcache_url)
+        tenant, (deployment, embed_deployment) = ensure_catalogue(admin, model_dir, embed_dir,
+                                                                  settings.redis.lmcache_url)
         key = demo_key(admin, tenant, state)
         wait_running(admin, deployment, settings, timeout_s)
         reply = smoke(base_url, key)
         out.print(f"[green]ok[/] {DEMO_DEPLOYMENT}: prefill and decode pools running; a chat completion "
                   f"answered {reply[:40]!r}")
+        wait_running(admin, embed_deployment, settings, timeout_s)
+        dims = smoke_embeddings(base_url, key)
+        out.print(f"[green]ok[/] {EMBED_DEPLOYMENT}: running; an embedding has {dims} dimensions")
         out.print()
         out.print("Point any OpenAI client at Baton:")
         out.print(f"  OPENAI_BASE_URL={base_url}/v1")
         out.print(f"  OPENAI_API_KEY=$(cat {state / 'demo.key'})   # tenant 'demo'")
-        out.print(f"  model: {DEMO_MODEL}")
+        out.print(f"  model: {DEMO_MODEL} (chat, completions, responses, tools)   {EMBED_MODEL} (embeddings)")
     out.print(f"Console: {base_url}/console/   Admin API: {base_url}/admin/v1 (token in {state / 'baton.env'})")
     out.print("Stop everything with: scripts/down")
 

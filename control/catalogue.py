@@ -25,6 +25,7 @@ from baton.core.settings import Settings
 
 Mode = Literal["aggregated", "pd"]
 Dtype = Literal["float32", "bfloat16", "float16", "fp8", "int8"]
+ModelKind = Literal["generate", "embed"]
 
 #: Columns whose change is a new generation of the spec (what Serve must run).
 SPEC_COLUMNS = ("mode", "prefill_min_replicas", "prefill_max_replicas", "decode_min_replicas",
@@ -44,11 +45,19 @@ class NewModel:
     head_dim: int
     dtype: Dtype
     params_b: float | None = None
+    kind: ModelKind = "generate"
+    tool_call_parser: str | None = None
+    reasoning_parser: str | None = None
+    chat_template: str | None = None
+
+
+#: Serving settings that an empty string clears (``None`` leaves them as they are).
+CLEARABLE = ("tool_call_parser", "reasoning_parser", "chat_template")
 
 
 @dataclass(frozen=True, slots=True)
 class ModelChanges:
-    """Fields to change; ``None`` leaves one as it is."""
+    """Fields to change; ``None`` leaves one as it is, ``""`` clears one of :data:`CLEARABLE`."""
 
     source: str | None = None
     context_length: int | None = None
@@ -57,9 +66,14 @@ class ModelChanges:
     head_dim: int | None = None
     dtype: Dtype | None = None
     params_b: float | None = None
+    kind: ModelKind | None = None
+    tool_call_parser: str | None = None
+    reasoning_parser: str | None = None
+    chat_template: str | None = None
 
     def items(self) -> dict[str, Any]:
-        return {f.name: getattr(self, f.name) for f in fields(self) if getattr(self, f.name) is not None}
+        out = {f.name: getattr(self, f.name) for f in fields(self) if getattr(self, f.name) is not None}
+        return {k: (None if k in CLEARABLE and v == "" else v) for k, v in out.items()}
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,6 +87,10 @@ class ModelView:
     head_dim: int
     dtype: str
     params_b: float | None
+    kind: str
+    tool_call_parser: str | None
+    reasoning_parser: str | None
+    chat_template: str | None
     version: int
     created_at: dt.datetime
     updated_at: dt.datetime
@@ -81,8 +99,15 @@ class ModelView:
     def of(cls, row: m.Model) -> ModelView:
         return cls(id=row.id, name=row.name, source=row.source, context_length=row.context_length,
                    num_layers=row.num_layers, num_kv_heads=row.num_kv_heads, head_dim=row.head_dim,
-                   dtype=row.dtype, params_b=row.params_b, version=row.version, created_at=row.created_at,
-                   updated_at=row.updated_at)
+                   dtype=row.dtype, params_b=row.params_b, kind=row.kind, tool_call_parser=row.tool_call_parser,
+                   reasoning_parser=row.reasoning_parser, chat_template=row.chat_template, version=row.version,
+                   created_at=row.created_at, updated_at=row.updated_at)
+
+
+def _check_serving(kind: str, tool_call_parser: str | None, reasoning_parser: str | None) -> None:
+    if kind == "embed" and (tool_call_parser or reasoning_parser):
+        raise errors.ValidationError("An embedding model has no tool-call or reasoning parser.",
+                                     param="tool_call_parser" if tool_call_parser else "reasoning_parser")
 
 
 # --- deployments ------------------------------------------------------------------------------------
@@ -206,10 +231,13 @@ class Catalogue:
     # -- models ------------------------------------------------------------------------------------
 
     def create_model(self, actor: Actor, new: NewModel) -> ModelView:
+        _check_serving(new.kind, new.tool_call_parser, new.reasoning_parser)
         with self.db.system() as uow:
             row = uow.models.add(m.Model(
                 name=new.name, source=new.source, context_length=new.context_length, num_layers=new.num_layers,
                 num_kv_heads=new.num_kv_heads, head_dim=new.head_dim, dtype=new.dtype, params_b=new.params_b,
+                kind=new.kind, tool_call_parser=new.tool_call_parser or None,
+                reasoning_parser=new.reasoning_parser or None, chat_template=new.chat_template or None,
             ))
             audit(uow, actor, "model.create", "model", row.id, after=row)
             uow.commit()
@@ -226,11 +254,16 @@ class Catalogue:
 
     def update_model(self, actor: Actor, model_id: uuid.UUID, changes: ModelChanges, *,
                      expect: Precondition | None = None) -> ModelView:
-        """Changing the source or shape re-renders the model's deployments (a reconcile follows)."""
+        """Changing the source, shape or serving settings re-renders the model's deployments (a reconcile
+        follows). A model with deployments keeps its kind (a P/D deployment cannot serve embeddings)."""
         values = changes.items()
         with self.db.system() as uow:
             row = uow.models.require(model_id)
             check(expect, row.version)
+            if "kind" in values and values["kind"] != row.kind and uow.deployments.for_model(model_id):
+                raise errors.ConflictError("This model has deployments; delete them before changing its kind.")
+            _check_serving(values.get("kind", row.kind), values.get("tool_call_parser", row.tool_call_parser),
+                           values.get("reasoning_parser", row.reasoning_parser))
             before = snapshot(row)
             for k, v in values.items():
                 setattr(row, k, v)

@@ -70,7 +70,9 @@ def deployment_spec(
     mode = m.DeploymentMode(dep.mode).value
     raw: dict[str, Any] = {
         "name": dep.name,
-        "model": {"path": model.source, "served_name": model.name},
+        "model": {"path": model.source, "served_name": model.name, "kind": model.kind or "generate",
+                  "tool_call_parser": model.tool_call_parser, "reasoning_parser": model.reasoning_parser,
+                  "chat_template": model.chat_template},
         "mode": mode,
         "device": dep.device_profile or "cpu",
         "engine": engine,

@@ -234,6 +234,7 @@ def engine_kwargs(spec: DeploymentSpec, role: Role) -> dict[str, Any]:
     }
     if e.max_num_batched_tokens is not None:
         kwargs["max_num_batched_tokens"] = e.max_num_batched_tokens
+    kwargs.update(serving_kwargs(spec))
     if cpu:
         # Fractional sizes go through kv_cache_memory_bytes (VLLM_CPU_KVCACHE_SPACE takes whole GiB).
         kwargs["kv_cache_memory_bytes"] = int(kv_cache_space_gib(spec) * 2**30)
@@ -245,6 +246,26 @@ def engine_kwargs(spec: DeploymentSpec, role: Role) -> dict[str, Any]:
     if spec.telemetry.enabled and spec.telemetry.otlp_endpoint:
         kwargs["otlp_traces_endpoint"] = spec.telemetry.otlp_endpoint.rstrip("/") + "/v1/traces"
     return kwargs
+
+
+def serving_kwargs(spec: DeploymentSpec) -> dict[str, Any]:
+    """What the catalogue says about serving the model: the pooling runner for an embedding model; tool-call
+    and reasoning parsers and a chat template (Ray Serve LLM hands vLLM's frontend arguments among these to
+    the OpenAI layer of the replica)."""
+    model = spec.model
+    out: dict[str, Any] = {}
+    if model.kind == "embed":
+        out["runner"] = "pooling"
+        out["convert"] = "embed"
+        out["enable_prefix_caching"] = False  # a pooled embedding reads every token of its input
+    if model.tool_call_parser:
+        out["enable_auto_tool_choice"] = True
+        out["tool_call_parser"] = model.tool_call_parser
+    if model.reasoning_parser:
+        out["reasoning_parser"] = model.reasoning_parser
+    if model.chat_template:
+        out["chat_template"] = model.chat_template
+    return out
 
 
 def kv_transfer_config(spec: DeploymentSpec, role: Role) -> dict[str, Any] | None:

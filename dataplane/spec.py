@@ -34,6 +34,21 @@ class ModelRef(_Strict):
         pattern=r"^[A-Za-z0-9][A-Za-z0-9._:/-]*$",
         description="The model name clients send in the OpenAI `model` field.",
     )
+    kind: Literal["generate", "embed"] = Field(
+        default="generate",
+        description="`generate`: chat and completions; `embed`: embeddings through vLLM's pooling runner "
+        "(aggregated only: there is no decode).",
+    )
+    tool_call_parser: str | None = Field(
+        default=None, pattern=r"^[a-z0-9_]+$",
+        description="vLLM tool-call parser (e.g. `hermes`); with one, the engine accepts `tool_choice: auto`.",
+    )
+    reasoning_parser: str | None = Field(
+        default=None, pattern=r"^[a-z0-9_]+$", description="vLLM reasoning parser (e.g. `deepseek_r1`)."
+    )
+    chat_template: str | None = Field(
+        default=None, min_length=1, description="Jinja chat template replacing the model's own."
+    )
 
 
 class ReplicaRange(_Strict):
@@ -216,6 +231,12 @@ class DeploymentSpec(_Strict):
 
     @model_validator(mode="after")
     def _coherent(self) -> DeploymentSpec:
+        if self.model.kind == "embed":
+            if self.mode != "aggregated" or self.kv.connector != "none" or self.kv.lmcache is not None:
+                raise ValueError("an embedding model is served aggregated, without KV transport or LMCache "
+                                 "(there is no decode)")
+            if self.model.tool_call_parser or self.model.reasoning_parser:
+                raise ValueError("an embedding model has no tool-call or reasoning parser")
         if self.mode == "pd" and self.kv.connector == "none":
             raise ValueError("mode 'pd' needs a KV connector (kv.connector: nixl) to hand KV from prefill to decode")
         if self.device == "cpu":

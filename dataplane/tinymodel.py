@@ -19,6 +19,7 @@ import json
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Literal
 
 import numpy as np
 import numpy.typing as npt
@@ -44,6 +45,39 @@ CHAT_TEMPLATE = (
     "{% endfor %}"
     "{% if add_generation_prompt %}{{ '<|assistant|>\\n' }}{% endif %}"
 )
+
+TOOLS_CHAT_TEMPLATE = (
+    "{{ bos_token }}"
+    "{% if tools %}"
+    "{{ '<|system|>\\nYou may call these functions. To call one, answer '"
+    "'<tool_call>{\"name\": <name>, \"arguments\": <object>}</tool_call>.\\n<tools>' }}"
+    "{% for tool in tools %}{{ (tool.function if tool.function is defined else tool) | tojson }}{% endfor %}"
+    "{{ '</tools><|end|>\\n' }}"
+    "{% endif %}"
+    "{% for message in messages %}"
+    "{% if message['role'] == 'tool' %}"
+    "{{ '<|user|>\\n<tool_response>\\n' + (message['content'] or '') + '\\n</tool_response><|end|>\\n' }}"
+    "{% else %}"
+    "{{ '<|' + message['role'] + '|>\\n' + (message['content'] or '') }}"
+    "{% for call in message.get('tool_calls') or [] %}"
+    "{% set args = call['function']['arguments'] %}"
+    "{{ '<tool_call>\\n{\"name\": ' }}{{ call['function']['name'] | tojson }}{{ ', \"arguments\": ' }}"
+    "{% if args is string %}{{ args }}{% else %}{{ args | tojson }}{% endif %}{{ '}\\n</tool_call>' }}"
+    "{% endfor %}"
+    "{{ '<|end|>\\n' }}"
+    "{% endif %}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|assistant|>\\n' }}{% endif %}"
+)
+"""The tiny model's chat template with tools (Hermes's format: vLLM's ``hermes`` tool-call parser reads it):
+tool signatures in a system turn, assistant tool calls as ``<tool_call>`` blocks, tool results as
+``<tool_response>`` blocks. Without tools it renders what :data:`CHAT_TEMPLATE` renders. ``baton up``
+puts it in the catalogue (``chat_template``) of the demo model."""
+
+TinyKind = Literal["generate", "embed"]
+"""``generate``: a causal LM (``LlamaForCausalLM``); ``embed``: the same trunk without the LM head
+(``LlamaModel``, Hugging Face's layout) with a sentence-transformers pooling config (mean pooling, then
+L2 normalisation), so vLLM serves it with its pooling runner."""
 
 ProgressFn = Callable[[str, int, int], None]
 """Called as ``progress(step_name, done, total)`` while the model is built."""
@@ -79,9 +113,10 @@ def build_tiny_model(
     *,
     seed: int = 0,
     shape: TinyModelShape = DEFAULT_SHAPE,
+    kind: TinyKind = "generate",
     progress: ProgressFn | None = None,
 ) -> Path:
-    """Write the tiny model into ``out_dir`` (created if missing) and return its path."""
+    """Write the tiny model (of ``kind``) into ``out_dir`` (created if missing) and return its path."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     steps = 3
@@ -93,9 +128,9 @@ def build_tiny_model(
     report("tokenizer", 0)
     _write_tokenizer(out, seed=seed, shape=shape)
     report("weights", 1)
-    _write_weights(out, seed=seed, shape=shape)
+    _write_weights(out, seed=seed, shape=shape, kind=kind)
     report("config", 2)
-    _write_configs(out, seed=seed, shape=shape)
+    _write_configs(out, seed=seed, shape=shape, kind=kind)
     report("done", 3)
     return out
 
@@ -187,11 +222,14 @@ def tiny_model_weights(*, seed: int, shape: TinyModelShape = DEFAULT_SHAPE) -> d
     return tensors
 
 
-def _write_weights(out: Path, *, seed: int, shape: TinyModelShape) -> None:
+def _write_weights(out: Path, *, seed: int, shape: TinyModelShape, kind: TinyKind = "generate") -> None:
     from safetensors.numpy import save_file
 
+    tensors = tiny_model_weights(seed=seed, shape=shape)
+    if kind == "embed":  # the trunk alone, named as Hugging Face's LlamaModel names it
+        tensors = {k.removeprefix("model."): v for k, v in tensors.items() if k != "lm_head.weight"}
     save_file(
-        tiny_model_weights(seed=seed, shape=shape),
+        tensors,
         str(out / "model.safetensors"),
         # One metadata key only: safetensors writes metadata from a hash map, so several keys would come
         # out in a different order on each run and break byte-identical output.
@@ -199,13 +237,13 @@ def _write_weights(out: Path, *, seed: int, shape: TinyModelShape) -> None:
     )
 
 
-def _write_configs(out: Path, *, seed: int, shape: TinyModelShape) -> None:
+def _write_configs(out: Path, *, seed: int, shape: TinyModelShape, kind: TinyKind = "generate") -> None:
     from tokenizers import Tokenizer
 
     tok = Tokenizer.from_file(str(out / "tokenizer.json"))
     bos, eos, end, pad = (tok.token_to_id(t) for t in (BOS, EOS, END, PAD))
     config = {
-        "architectures": ["LlamaForCausalLM"],
+        "architectures": ["LlamaModel" if kind == "embed" else "LlamaForCausalLM"],
         "model_type": "llama",
         "vocab_size": shape.vocab_size,
         "hidden_size": shape.hidden_size,
@@ -228,9 +266,22 @@ def _write_configs(out: Path, *, seed: int, shape: TinyModelShape) -> None:
         "pad_token_id": pad,
         "torch_dtype": "float32",
         "use_cache": True,
-        "baton": {"seed": seed, "shape": asdict(shape)},
+        "baton": {"seed": seed, "shape": asdict(shape), "kind": kind},
     }
     _write_json(out / "config.json", config)
+    if kind == "embed":
+        _write_json(out / "modules.json", [
+            {"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
+            {"idx": 1, "name": "1", "path": "1_Pooling", "type": "sentence_transformers.models.Pooling"},
+            {"idx": 2, "name": "2", "path": "2_Normalize", "type": "sentence_transformers.models.Normalize"},
+        ])
+        (out / "1_Pooling").mkdir(exist_ok=True)
+        _write_json(out / "1_Pooling" / "config.json",
+                    {"word_embedding_dimension": shape.hidden_size, "pooling_mode_mean_tokens": True,
+                     "pooling_mode_cls_token": False, "pooling_mode_max_tokens": False,
+                     "pooling_mode_lasttoken": False})
+        (out / "2_Normalize").mkdir(exist_ok=True)
+        return
     _write_json(
         out / "generation_config.json",
         {"bos_token_id": bos, "eos_token_id": [end, eos], "pad_token_id": pad, "do_sample": False},

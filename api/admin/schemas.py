@@ -115,6 +115,17 @@ class KeyIssued(_Out):
 # --- models -----------------------------------------------------------------------------------------
 
 Dtype = Literal["float32", "bfloat16", "float16", "fp8", "int8"]
+ModelKind = Literal["generate", "embed"]
+_KIND = ("`generate`: chat and completions; `embed`: `/v1/embeddings` (aggregated deployments only, vLLM's "
+         "pooling runner).")
+_PARSER = r"^[a-z0-9_]*$"
+ToolParserField = Field(None, max_length=64, pattern=_PARSER,
+                        description="vLLM tool-call parser (e.g. `hermes`): lets `tool_choice` be `auto`. "
+                        "`\"\"` clears it.")
+ReasoningParserField = Field(None, max_length=64, pattern=_PARSER,
+                             description="vLLM reasoning parser (e.g. `deepseek_r1`). `\"\"` clears it.")
+ChatTemplateField = Field(None, max_length=65536,
+                          description="A Jinja chat template replacing the model's own. `\"\"` clears it.")
 
 
 class ModelCreate(_In):
@@ -126,6 +137,10 @@ class ModelCreate(_In):
     head_dim: int = Field(ge=1, le=100_000)
     dtype: Dtype
     params_b: float | None = Field(None, gt=0, le=100_000, description="Parameters, in billions.")
+    kind: ModelKind = Field("generate", description=_KIND)
+    tool_call_parser: str | None = ToolParserField
+    reasoning_parser: str | None = ReasoningParserField
+    chat_template: str | None = ChatTemplateField
 
 
 class ModelUpdate(_In):
@@ -136,6 +151,10 @@ class ModelUpdate(_In):
     head_dim: int | None = Field(None, ge=1, le=100_000)
     dtype: Dtype | None = None
     params_b: float | None = Field(None, gt=0, le=100_000)
+    kind: ModelKind | None = Field(None, description=_KIND)
+    tool_call_parser: str | None = ToolParserField
+    reasoning_parser: str | None = ReasoningParserField
+    chat_template: str | None = ChatTemplateField
 
 
 class ModelPublic(_Out):
@@ -148,6 +167,10 @@ class ModelPublic(_Out):
     head_dim: int
     dtype: str
     params_b: float | None
+    kind: str
+    tool_call_parser: str | None
+    reasoning_parser: str | None
+    chat_template: str | None
     version: int
     created_at: dt.datetime
     updated_at: dt.datetime

@@ -52,6 +52,8 @@ class ModelGrant:
     context_length: int
     source: str
     created: int  # unix seconds, for /v1/models
+    kind: str = "generate"  # or "embed"
+    auto_tools: bool = False  # the engines have a tool-call parser: `tool_choice: auto` works
 
 
 @dataclass(frozen=True, slots=True)
@@ -99,7 +101,8 @@ def load_principal(db: Database, key_hash: bytes, salt_secret: str) -> Principal
         limits = uow.rate_limits.for_tenant(key.tenant_id)
         scope = set(key.model_scope or ())
         models = {
-            g.name: ModelGrant(g.id, g.name, g.context_length, g.source, int(g.created_at.timestamp()))
+            g.name: ModelGrant(g.id, g.name, g.context_length, g.source, int(g.created_at.timestamp()), g.kind,
+                               bool(g.tool_call_parser))
             for g in granted if not scope or g.name in scope
         }
         scopes: list[LimitScope] = []

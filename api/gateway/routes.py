@@ -20,6 +20,8 @@ from baton.api.gateway.schemas import (
     ChatCompletionRequest,
     Completion,
     CompletionRequest,
+    CreateEmbeddingResponse,
+    EmbeddingRequest,
     ModelList,
     ModelObject,
     completion_responses,
@@ -100,6 +102,18 @@ async def completions(
     return await gateway.forward(principal, call, traceparent=traceparent, auth_ns=_auth_ns(request))
 
 
+@router.post("/embeddings", response_model=None,
+             responses={200: {"model": CreateEmbeddingResponse}, **ERROR_RESPONSES},
+             summary="Create embeddings (embedding models of the catalogue)")
+async def embeddings(
+    body: EmbeddingRequest, principal: PrincipalDep, gateway: GatewayDep, request: Request,
+    traceparent: TraceparentHeader = None,
+) -> Response:
+    payload = body.model_dump(mode="json", exclude_unset=True, exclude_none=True)
+    call = await gateway.prepare_embeddings(principal, payload)
+    return await gateway.forward(principal, call, traceparent=traceparent, auth_ns=_auth_ns(request))
+
+
 @router.post("/responses", response_model=None, responses=ERROR_RESPONSES,
              summary="Create a model response (Responses API, text; streaming or not)")
 async def create_response(
@@ -135,7 +149,6 @@ async def delete_response(response_id: str, principal: PrincipalDep, gateway: Ga
 NOT_YET: dict[str, str] = {
     "batches": "The Batch API is not available yet: send the requests one at a time to /v1/chat/completions.",
     "files": "The Files API is not available yet (it comes with the Batch API).",
-    "embeddings": "Embeddings are not available yet.",
 }
 
 fallback = APIRouter(prefix="/v1", include_in_schema=False)

@@ -38,6 +38,7 @@ class ChatMessage(_Open):
     content: str | list[ContentPart] | None = None
     name: str | None = None
     tool_call_id: str | None = None
+    tool_calls: list[dict[str, Any]] | None = None
 
 
 class _Sampling(_Open):
@@ -76,6 +77,37 @@ class CompletionRequest(_Sampling):
     echo: StrictBool | None = None
     logprobs: int | None = Field(None, ge=0, le=20)
     suffix: str | None = None
+
+
+class EmbeddingRequest(_Open):
+    """`POST /v1/embeddings` (models the catalogue marks as embedding models)."""
+
+    model: str = Field(..., min_length=1, max_length=200, description="An embedding model your key may use.")
+    input: (Annotated[str, Field(min_length=1)] | Annotated[list[str], Field(min_length=1, max_length=2048)]
+            | Annotated[list[int], Field(min_length=1)]
+            | Annotated[list[Annotated[list[int], Field(min_length=1)]], Field(min_length=1, max_length=2048)]) = Field(
+        ..., description="A text, texts, token ids, or lists of token ids (at most 2,048 inputs).")
+    encoding_format: Literal["float", "base64"] | None = Field(None, description="`float` (default) or `base64`.")
+    dimensions: int | None = Field(None, ge=1, le=_INT32, description="Only for models that support fewer dimensions.")
+    user: str | None = None
+
+
+class Embedding(BaseModel):
+    object: Literal["embedding"] = "embedding"
+    index: int
+    embedding: list[float] | str
+
+
+class EmbeddingUsage(BaseModel):
+    prompt_tokens: int
+    total_tokens: int
+
+
+class CreateEmbeddingResponse(BaseModel):
+    object: Literal["list"] = "list"
+    data: list[Embedding]
+    model: str
+    usage: EmbeddingUsage
 
 
 class ModelObject(BaseModel):

@@ -76,11 +76,37 @@ class ModelNotAvailableError(errors.UnavailableError):
     code = "model_not_available"
 
 
+class WrongModelKindError(errors.ValidationError):
+    code = "model_not_supported"
+
+
+def check_kind(grant: ModelGrant, endpoint: str) -> None:
+    """An embedding model serves ``/v1/embeddings`` only, and a generating model everything else."""
+    if grant.kind == "embed" and endpoint != "embeddings":
+        raise WrongModelKindError(f"The model `{grant.name}` is an embedding model: call /v1/embeddings.",
+                                  param="model")
+    if grant.kind != "embed" and endpoint == "embeddings":
+        raise WrongModelKindError(f"The model `{grant.name}` does not make embeddings; use an embedding model "
+                                  "(GET /v1/models lists yours).", param="model")
+
+
+def check_tools(grant: ModelGrant, payload: dict[str, Any]) -> None:
+    """``tool_choice: auto`` (the default when tools are given) needs a tool-call parser on the model's
+    engines; ``required`` and a named function do not (the engine constrains the answer to the tools)."""
+    if not payload.get("tools") or grant.auto_tools:
+        return
+    if payload.get("tool_choice") in (None, "auto"):
+        raise UnsupportedParameterError(
+            f"The model `{grant.name}` does not choose tools by itself (no tool-call parser is configured "
+            'for it): set `tool_choice` to "required" or to a named function, or ask an operator to set '
+            "the model's tool-call parser.", param="tool_choice")
+
+
 @dataclass(slots=True)
 class Call:
     """One validated request, ready to be forwarded."""
 
-    endpoint: str  # "chat/completions" | "completions"
+    endpoint: str  # "chat/completions" | "completions" | "embeddings"
     payload: dict[str, Any]
     grant: ModelGrant
     prompt_tokens: int
@@ -194,7 +220,9 @@ class Gateway:
 
     async def prepare_chat(self, principal: Principal, payload: dict[str, Any]) -> Call:
         grant = principal.model(payload["model"])
+        check_kind(grant, "chat/completions")
         check_parameters(payload)
+        check_tools(grant, payload)
         text, overhead = self.prompts.chat_text(payload["messages"])
         with text_of(payload):
             prompt = await self._count(text, grant, overhead)
@@ -205,6 +233,7 @@ class Gateway:
         from baton.api.gateway.tokens import count_completion_prompt, prompt_count
 
         grant = principal.model(payload["model"])
+        check_kind(grant, "completions")
         check_parameters(payload)
         prompt_value = payload["prompt"]
         with text_of(payload):
@@ -215,6 +244,23 @@ class Gateway:
                                                  context_length=grant.context_length)
         choices = (payload.get("n") or 1) * prompt_count(prompt_value)
         return self._call("completions", payload, grant, prompt, payload.get("max_tokens") or 16, choices=choices)
+
+    async def prepare_embeddings(self, principal: Principal, payload: dict[str, Any]) -> Call:
+        """Each input must fit the model's context; the request is metered (and limited) by its input tokens."""
+        grant = principal.model(payload["model"])
+        check_kind(grant, "embeddings")
+        value = payload["input"]
+        inputs: list[str | list[int]] = [value] if isinstance(value, str) or isinstance(value[0], int) else value
+        total = 0
+        with text_of(payload):
+            for item in inputs:
+                n = len(item) if isinstance(item, list) else await self._count(item, grant, 0)
+                if n > grant.context_length:
+                    raise ContextLengthError(
+                        f"This model's maximum context length is {grant.context_length} tokens. However, an input "
+                        f"has about {n} tokens. Please shorten it.", param="input")
+                total += n
+        return Call("embeddings", payload, grant, total, 0, False)
 
     async def _count(self, text: str, grant: ModelGrant, overhead: int) -> int:
         """Prompt tokens. Counted on the event loop when that is cheap: the estimate (the prompt is short
@@ -435,7 +481,8 @@ def upstream_body(call: Call, salt: str) -> tuple[bytes, bool]:
     payload = call.payload
     for name in SERVER_FIELDS:
         payload.pop(name, None)
-    payload["cache_salt"] = salt
+    if call.endpoint != "embeddings":  # an embedding engine keeps no prefix cache to partition
+        payload["cache_salt"] = salt
     client_usage = True
     if call.stream:
         options = payload.get("stream_options")

@@ -24,7 +24,7 @@ from baton.api.gateway.metering import Outcome
 from baton.core import telemetry as t
 
 #: gen_ai.operation.name per gateway endpoint.
-OPERATIONS = {"chat/completions": "chat", "completions": "text_completion"}
+OPERATIONS = {"chat/completions": "chat", "completions": "text_completion", "embeddings": "embeddings"}
 
 
 def start_request(tracer: trace.Tracer, *, traceparent: str | None, start_ns: int, request_id: str, endpoint: str,

@@ -256,6 +256,15 @@ class Model(Base):
     head_dim: Mapped[int] = mapped_column(Integer, nullable=False)
     dtype: Mapped[str] = mapped_column(String(16), nullable=False)
     params_b: Mapped[float | None] = mapped_column(Float)
+    #: ``generate`` (chat and completions) or ``embed`` (``/v1/embeddings``, vLLM's pooling runner).
+    kind: Mapped[str] = mapped_column(String(16), nullable=False, default="generate",
+                                      server_default=text("'generate'"))
+    #: vLLM tool-call parser (e.g. ``hermes``): ``tool_choice="auto"`` needs one.
+    tool_call_parser: Mapped[str | None] = mapped_column(String(64))
+    #: vLLM reasoning parser (e.g. ``deepseek_r1``): the answer's reasoning goes to ``reasoning_content``.
+    reasoning_parser: Mapped[str | None] = mapped_column(String(64))
+    #: A Jinja chat template replacing the model's own (e.g. one that renders tools).
+    chat_template: Mapped[str | None] = mapped_column(Text)
     version: Mapped[int] = mapped_column(Integer, nullable=False, server_default=text("1"))
     created_at: Mapped[dt.datetime] = _created_at()
     updated_at: Mapped[dt.datetime] = _updated_at()
@@ -266,6 +275,9 @@ class Model(Base):
             "context_length > 0 AND num_layers > 0 AND num_kv_heads > 0 AND head_dim > 0", name="shape"
         ),
         CheckConstraint("dtype IN ('float32', 'bfloat16', 'float16', 'fp8', 'int8')", name="dtype"),
+        CheckConstraint("kind IN ('generate', 'embed')", name="kind"),
+        CheckConstraint("kind = 'generate' OR (tool_call_parser IS NULL AND reasoning_parser IS NULL)",
+                        name="embed_serving"),
     )
 
 

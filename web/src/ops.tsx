@@ -22,6 +22,10 @@ interface Model {
   head_dim: number;
   dtype: string;
   params_b: number | null;
+  kind: string;
+  tool_call_parser: string | null;
+  reasoning_parser: string | null;
+  chat_template: string | null;
 }
 interface Deployment {
   id: string;
@@ -370,11 +374,14 @@ const DTYPES = ["float32", "float16", "bfloat16", "fp8", "int8"];
 export function ModelsCatalogue() {
   const models = useApi<Model[]>("/ops/models");
   const act = useAction(() => models.reload());
-  const blank = { name: "", source: "", context_length: 2048, num_layers: 2, num_kv_heads: 2, head_dim: 32, dtype: "float32", params_b: "" };
+  const blank = { name: "", source: "", context_length: 2048, num_layers: 2, num_kv_heads: 2, head_dim: 32, dtype: "float32", params_b: "",
+    kind: "generate", tool_call_parser: "", reasoning_parser: "", chat_template: "" };
   const [form, setForm] = useState(blank);
   const create = async (e: FormEvent) => {
     e.preventDefault();
-    const body = { ...form, params_b: form.params_b === "" ? null : Number(form.params_b) };
+    const body = { ...form, params_b: form.params_b === "" ? null : Number(form.params_b),
+      tool_call_parser: form.tool_call_parser || null, reasoning_parser: form.reasoning_parser || null,
+      chat_template: form.chat_template || null };
     if (await act.run(() => api("/ops/models", { method: "POST", body }))) setForm(blank);
   };
   const num = (k: "context_length" | "num_layers" | "num_kv_heads" | "head_dim", label: string) => (
@@ -412,6 +419,29 @@ export function ModelsCatalogue() {
             <label htmlFor="model-params">Parameters (billions, optional)</label>
             <input id="model-params" type="number" min={0} step="any" value={form.params_b} onChange={(e) => setForm({ ...form, params_b: e.target.value })} />
           </div>
+          <div>
+            <label htmlFor="model-kind">Serves</label>
+            <select id="model-kind" value={form.kind} onChange={(e) => setForm({ ...form, kind: e.target.value })}>
+              <option value="generate">chat and completions</option>
+              <option value="embed">embeddings</option>
+            </select>
+          </div>
+          {form.kind === "generate" && (
+            <>
+              <div>
+                <label htmlFor="model-tools">Tool-call parser (optional, e.g. hermes)</label>
+                <input id="model-tools" maxLength={64} pattern="[a-z0-9_]*" value={form.tool_call_parser} onChange={(e) => setForm({ ...form, tool_call_parser: e.target.value })} />
+              </div>
+              <div>
+                <label htmlFor="model-reasoning">Reasoning parser (optional)</label>
+                <input id="model-reasoning" maxLength={64} pattern="[a-z0-9_]*" value={form.reasoning_parser} onChange={(e) => setForm({ ...form, reasoning_parser: e.target.value })} />
+              </div>
+            </>
+          )}
+          <div className="span-all">
+            <label htmlFor="model-template">Chat template (optional; Jinja, replaces the model's own)</label>
+            <textarea id="model-template" rows={3} maxLength={65536} value={form.chat_template} onChange={(e) => setForm({ ...form, chat_template: e.target.value })} />
+          </div>
           <div className="align-end">
             <button type="submit" disabled={act.busy}>
               Add model
@@ -427,7 +457,7 @@ export function ModelsCatalogue() {
         <div className="card">
           <table className="table">
             <caption className="sr-only">Models</caption>
-            <TableHead cols={["Model", "Weights", "Context", "Shape"]} actions="Actions" />
+            <TableHead cols={["Model", "Weights", "Context", "Shape", "Serves"]} actions="Actions" />
             <tbody>
               {models.data.map((m) => (
                 <tr key={m.id}>
@@ -441,6 +471,12 @@ export function ModelsCatalogue() {
                   <td>
                     {m.num_layers} layers, {m.num_kv_heads} KV heads × {m.head_dim}, {m.dtype}
                     {m.params_b ? `, ${m.params_b} B params` : ""}
+                  </td>
+                  <td>
+                    {m.kind === "embed" ? "embeddings" : "chat, completions"}
+                    {m.tool_call_parser ? `; tools (${m.tool_call_parser})` : ""}
+                    {m.reasoning_parser ? `; reasoning (${m.reasoning_parser})` : ""}
+                    {m.chat_template ? "; own chat template" : ""}
                   </td>
                   <td className="actions">
                     <button type="button" className="danger" disabled={act.busy}

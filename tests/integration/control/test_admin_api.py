@@ -139,7 +139,8 @@ def test_deployment_validation_generation_and_reconcile_trigger(client: TestClie
     cfg = client.get(f"/admin/v1/deployments/{d['id']}/serve-config").json()
     assert cfg["name"] == name and cfg["route_prefix"] == f"/{name}"
     assert cfg["import_path"] == "baton.dataplane.app:build_app"
-    assert cfg["args"]["model"] == {"path": "/models/tiny", "served_name": model["name"]}
+    assert cfg["args"]["model"] == {"path": "/models/tiny", "served_name": model["name"], "kind": "generate",
+                                    "tool_call_parser": None, "reasoning_parser": None, "chat_template": None}
 
     r = client.patch(f"/admin/v1/deployments/{d['id']}", headers={"If-Match": r.headers["etag"]},
                      json={"mode": "pd", "kv_connector": "nixl", "prefill": {"min": 1, "max": 2}})
@@ -160,6 +161,33 @@ def test_deployment_validation_generation_and_reconcile_trigger(client: TestClie
     assert client.patch(f"/admin/v1/deployments/{d['id']}", json={"mode": "aggregated"}).status_code == 409
     assert [a.action for a in _audit(db, d["id"], "deployment.update")] == ["deployment.update"]
     assert client.delete(f"/admin/v1/models/{model['id']}").status_code == 409
+
+
+def test_a_models_serving_settings_reach_its_deployments_spec(client: TestClient, db) -> None:
+    model = make_model(client, tool_call_parser="hermes", chat_template="{{ messages }}")
+    assert (model["kind"], model["tool_call_parser"], model["reasoning_parser"]) == ("generate", "hermes", None)
+    d = client.post("/admin/v1/deployments", json={"name": unique("srv"), "model_id": model["id"]}).json()
+    args = client.get(f"/admin/v1/deployments/{d['id']}/serve-config").json()["args"]
+    assert args["model"]["tool_call_parser"] == "hermes" and args["model"]["chat_template"] == "{{ messages }}"
+
+    r = client.patch(f"/admin/v1/models/{model['id']}", json={"tool_call_parser": "", "reasoning_parser": "qwen3"})
+    assert r.status_code == 200 and r.json()["tool_call_parser"] is None and r.json()["reasoning_parser"] == "qwen3"
+    assert _audit(db, model["id"], "model.update")[0].after["reasoning_parser"] == "qwen3"
+    args = client.get(f"/admin/v1/deployments/{d['id']}/serve-config").json()["args"]
+    assert args["model"]["tool_call_parser"] is None and args["model"]["reasoning_parser"] == "qwen3"
+    kind = client.patch(f"/admin/v1/models/{model['id']}", json={"kind": "embed"})
+    assert kind.status_code == 409  # it has a deployment
+
+    embed = make_model(client, kind="embed")
+    bad = client.patch(f"/admin/v1/models/{embed['id']}", json={"tool_call_parser": "hermes"})
+    assert bad.status_code == 400 and bad.json()["param"] == "tool_call_parser"
+    assert client.post("/admin/v1/models", json={"name": unique("e"), "source": "/m", **TINY_SHAPE, "kind": "embed",
+                                                 "reasoning_parser": "qwen3"}).status_code == 400
+    pd = client.post("/admin/v1/deployments", json={"name": unique("epd"), "model_id": embed["id"], "mode": "pd",
+                                                    "kv_connector": "nixl", "prefill": {"min": 1, "max": 1}})
+    assert pd.status_code == 400 and "aggregated" in pd.json()["detail"]
+    assert client.post("/admin/v1/models", json={"name": unique("x"), "source": "/m", **TINY_SHAPE,
+                                                 "tool_call_parser": "Hermes!"}).status_code in (400, 422)
 
 
 def test_slo_policy_assignment_and_admission(client: TestClient) -> None:

@@ -62,12 +62,15 @@ class Catalogue:
     small: str  # context 256
     big: str  # context 4096
     other: str  # granted to nobody by default
+    embed: str = ""  # an embedding model, context 64
+    tools: str = ""  # a generating model with a tool-call parser, context 4096
 
 
-def add_model(db: Database, name: str, context_length: int, source: str = "/nonexistent/model") -> m.Model:
+def add_model(db: Database, name: str, context_length: int, source: str = "/nonexistent/model",
+              **serving: str) -> m.Model:
     with db.system() as uow:
         model = uow.models.add(m.Model(name=name, source=source, context_length=context_length, num_layers=2,
-                                       num_kv_heads=2, head_dim=32, dtype="float32"))
+                                       num_kv_heads=2, head_dim=32, dtype="float32", **serving))
         uow.commit()
     return model
 
@@ -75,16 +78,20 @@ def add_model(db: Database, name: str, context_length: int, source: str = "/none
 @pytest.fixture(scope="session")
 def catalogue(db: Database) -> Catalogue:
     suffix = uuid.uuid4().hex[:6]
-    cat = Catalogue(small=f"gw-small-{suffix}", big=f"gw-big-{suffix}", other=f"gw-other-{suffix}")
+    cat = Catalogue(small=f"gw-small-{suffix}", big=f"gw-big-{suffix}", other=f"gw-other-{suffix}",
+                    embed=f"gw-embed-{suffix}", tools=f"gw-tools-{suffix}")
     add_model(db, cat.small, 256)
     add_model(db, cat.big, 4096)
     add_model(db, cat.other, 4096)
+    add_model(db, cat.embed, 64, kind="embed")
+    add_model(db, cat.tools, 4096, tool_call_parser="hermes")
     return cat
 
 
 @pytest.fixture(scope="session")
 def gw_settings(settings: Settings, catalogue: Catalogue, stub_url: str) -> Settings:
-    routes = {name: f"{stub_url}/v1" for name in (catalogue.small, catalogue.big, catalogue.other)}
+    routes = {name: f"{stub_url}/v1" for name in (catalogue.small, catalogue.big, catalogue.other, catalogue.embed,
+                                                 catalogue.tools)}
     gateway = settings.gateway.model_copy(update={"upstreams": routes, "usage_flush_interval_s": 0.05,
                                                   "ratelimit_lease_s": 2.0})
     return settings.model_copy(update={"gateway": gateway})

@@ -1,6 +1,6 @@
 """A tiny OpenAI-compatible server used as the gateway's upstream where the engine itself is not the
 thing under test. It speaks real HTTP (run by uvicorn) and answers like vLLM's server: chat and text
-completions, streaming with one token per chunk, ``stream_options.include_usage``.
+completions, streaming with one token per chunk, ``stream_options.include_usage``, and embeddings.
 
 Knobs travel in the request body (the gateway passes unknown fields through):
 ``stub_token_delay`` (seconds between chunks), ``stub_cut_after`` (drop the connection after N
@@ -95,6 +95,25 @@ async def completions(request: Request) -> Response:
     return StreamingResponse(events(), media_type="text/event-stream")
 
 
+#: Tokens the stub counts per embedding input, and the dimensions of its vectors.
+EMBED_TOKENS_PER_INPUT = 3
+EMBED_DIMS = 4
+
+
+async def embeddings(request: Request) -> Response:
+    body = await _body(request)
+    _last.clear()
+    _last.update(body=body, headers=dict(request.headers), path=request.url.path)
+    value = body.get("input")
+    inputs = [value] if isinstance(value, str) or (isinstance(value, list) and value and isinstance(value[0], int)) \
+        else value if isinstance(value, list) else []
+    tokens = EMBED_TOKENS_PER_INPUT * len(inputs)
+    data = [{"object": "embedding", "index": i, "embedding": [0.5] * EMBED_DIMS} for i in range(len(inputs))]
+    return _json({"id": f"embd-{int(time.time() * 1e6)}", "object": "list", "created": int(time.time()),
+                  "model": body.get("model", "stub"), "data": data,
+                  "usage": {"prompt_tokens": tokens, "total_tokens": tokens, "completion_tokens": 0}})
+
+
 async def models(request: Request) -> Response:
     return _json({"object": "list", "data": []})
 
@@ -106,6 +125,7 @@ async def last(request: Request) -> Response:
 app = Starlette(routes=[
     Route("/v1/chat/completions", completions, methods=["POST"]),
     Route("/v1/completions", completions, methods=["POST"]),
+    Route("/v1/embeddings", embeddings, methods=["POST"]),
     Route("/v1/models", models),
     Route("/_last", last),
 ])

@@ -32,7 +32,8 @@ def test_aggregated_row_renders_one_app_named_after_the_deployment() -> None:
     assert entry["name"] == "tiny" and entry["route_prefix"] == "/tiny"
     assert entry["import_path"] == "baton.dataplane.app:build_app"
     args = entry["args"]
-    assert args["model"] == {"path": "/var/models/tiny", "served_name": "tiny-llama"}
+    assert args["model"] == {"path": "/var/models/tiny", "served_name": "tiny-llama", "kind": "generate",
+                             "tool_call_parser": None, "reasoning_parser": None, "chat_template": None}
     assert args["replicas"]["min"] == 1 and args["replicas"]["max"] == 2
     assert args["engine"]["max_model_len"] == 512
 

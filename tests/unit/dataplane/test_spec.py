@@ -236,3 +236,28 @@ def test_nixl_progress_thread_sleeps_on_cpu_and_busy_polls_on_gpu_unless_the_spe
     assert wakeup(pd_spec(kv={"connector": "nixl", "nixl_progress_wakeup_ms": 50})) == 50.0
     with pytest.raises(ValidationError):
         pd_spec(kv={"connector": "nixl", "nixl_progress_wakeup_ms": -1})
+
+
+def test_an_embedding_model_renders_the_pooling_runner_and_is_aggregated_only():
+    spec = DeploymentSpec(name="emb", model={**MODEL, "kind": "embed"})
+    kwargs = render_llm_config(spec, "aggregated")["engine_kwargs"]
+    assert (kwargs["runner"], kwargs["convert"], kwargs["enable_prefix_caching"]) == ("pooling", "embed", False)
+    assert "enable_auto_tool_choice" not in kwargs and "tool_call_parser" not in kwargs
+    with pytest.raises(ValidationError, match="embedding model is served aggregated"):
+        DeploymentSpec(name="emb", model={**MODEL, "kind": "embed"}, mode="pd", kv={"connector": "nixl"})
+    with pytest.raises(ValidationError, match="no tool-call or reasoning parser"):
+        DeploymentSpec(name="emb", model={**MODEL, "kind": "embed", "tool_call_parser": "hermes"})
+
+
+def test_the_catalogues_parsers_and_chat_template_reach_every_pool():
+    model = {**MODEL, "tool_call_parser": "hermes", "reasoning_parser": "deepseek_r1", "chat_template": "{{ x }}"}
+    spec = DeploymentSpec(name="tiny", model=model, mode="pd", kv={"connector": "nixl"})
+    for role in ("prefill", "decode"):
+        kwargs = render_llm_config(spec, role)["engine_kwargs"]
+        assert kwargs["enable_auto_tool_choice"] is True and kwargs["tool_call_parser"] == "hermes"
+        assert kwargs["reasoning_parser"] == "deepseek_r1" and kwargs["chat_template"] == "{{ x }}"
+        assert "runner" not in kwargs
+    plain = render_llm_config(pd_spec(), "decode")["engine_kwargs"]
+    assert not {"enable_auto_tool_choice", "tool_call_parser", "reasoning_parser", "chat_template"} & set(plain)
+    with pytest.raises(ValidationError):
+        DeploymentSpec(name="tiny", model={**MODEL, "tool_call_parser": "hermes; rm -rf /"})

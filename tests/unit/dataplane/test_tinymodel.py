@@ -75,3 +75,41 @@ def test_weights_load_and_attention_is_peaked(built):
     # Peaked attention: on average the last token puts most of its weight on one position.
     top = torch.stack([a[0, :, -1, :].max(-1).values for a in out.attentions])
     assert top.mean().item() > 0.5
+
+
+def test_the_embedding_kind_is_the_trunk_with_a_pooling_config(tmp_path):
+    from safetensors.numpy import load_file
+
+    from baton.dataplane.tinymodel import tiny_model_weights
+
+    out = build_tiny_model(tmp_path / "embed", seed=7, kind="embed")
+    config = json.loads((out / "config.json").read_text())
+    assert config["architectures"] == ["LlamaModel"]
+    weights = load_file(str(out / "model.safetensors"))
+    full = tiny_model_weights(seed=7)
+    assert set(weights) == {k.removeprefix("model.") for k in full} - {"lm_head.weight"}
+    assert (weights["norm.weight"] == full["model.norm.weight"]).all()
+    modules = json.loads((out / "modules.json").read_text())
+    assert [m["type"].rsplit(".", 1)[1] for m in modules] == ["Transformer", "Pooling", "Normalize"]
+    assert json.loads((out / "1_Pooling" / "config.json").read_text())["pooling_mode_mean_tokens"] is True
+
+
+def test_the_tools_template_renders_calls_and_results_and_nothing_else_changes(built):
+    transformers = pytest.importorskip("transformers")
+    from baton.dataplane.tinymodel import TOOLS_CHAT_TEMPLATE
+
+    tok = transformers.AutoTokenizer.from_pretrained(str(built[0]))
+    plain = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "hi"}]
+    render = tok.apply_chat_template
+    assert (render(plain, chat_template=TOOLS_CHAT_TEMPLATE, tokenize=False, add_generation_prompt=True)
+            == render(plain, tokenize=False, add_generation_prompt=True))
+    tools = [{"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}}]
+    turn = [*plain, {"role": "assistant", "content": None, "tool_calls": [
+        {"id": "c1", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}}]},
+        {"role": "tool", "tool_call_id": "c1", "content": "sunny"}]
+    text = tok.apply_chat_template(turn, tools=tools, chat_template=TOOLS_CHAT_TEMPLATE, tokenize=False,
+                                   add_generation_prompt=True)
+    assert '<tools>{"name": "get_weather"' in text
+    call = '{"name": "get_weather", "arguments": {"city": "Paris"}}'
+    assert f"<|assistant|>\n<tool_call>\n{call}\n</tool_call><|end|>" in text
+    assert "<tool_response>\nsunny\n</tool_response>" in text and text.endswith("<|assistant|>\n")
