@@ -147,6 +147,30 @@ def _count_tokens(chunk: bytes) -> int:
             + chunk.count(b'"text":"') - chunk.count(b'"text":""'))
 
 
+_ERROR_EVENT = b'data: {"error"'
+
+
+def clean_error_events(out: bytes) -> bytes:
+    """An engine's mid-stream error event (``data: {"error": {...}}``) in OpenAI's shape with only what a
+    client may read: a 4xx's message reduced by :func:`client_text`, a 5xx's replaced by Baton's sentence;
+    other events as they are. Called only on chunks that hold such an event."""
+    kept: list[bytes] = []
+    for ev in out.split(b"\n\n"):
+        if ev.startswith(_ERROR_EVENT):
+            try:
+                err = orjson.loads(ev[6:]).get("error")
+            except (orjson.JSONDecodeError, AttributeError):
+                err = None
+            raw = err.get("message") if isinstance(err, dict) else None
+            code = err.get("code") if isinstance(err, dict) else None
+            status = code if isinstance(code, int) and 400 <= code < 500 else 500  # vLLM puts the status in code
+            message = (client_text(raw) if status < 500 and isinstance(raw, str) and raw
+                       else "The model failed to answer. Try again.")
+            ev = b"data: " + openai_error_body(message, status=status, code=None)
+        kept.append(ev)
+    return b"\n\n".join(kept)
+
+
 def _split_usage(out: bytes, outcome: Outcome, strip: bool) -> bytes:
     """Reads the usage report out of complete events; drops its event when the client did not ask."""
     events = out.split(b"\n\n")
@@ -247,6 +271,8 @@ class SSERelay(Response):
                     out = _split_usage(out, outcome, strip)
                     if not out.strip():
                         continue
+                if _ERROR_EVENT in out:
+                    out = clean_error_events(out)
                 if _DONE in out:
                     saw_done = True
                 await send({"type": "http.response.body", "body": out, "more_body": True})

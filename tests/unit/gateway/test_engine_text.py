@@ -59,3 +59,21 @@ def test_an_engine_400_reaches_the_client_without_internal_text() -> None:
 def test_an_engine_5xx_is_a_plain_upstream_error(status: int) -> None:
     err = upstream_error(status, orjson.dumps({"message": "CUDA out of memory in vllm.worker.Worker"}))
     assert err.status == 502 and "vllm" not in err.message and "CUDA" not in err.message
+
+
+def test_an_engines_mid_stream_error_event_reaches_the_client_cleaned():
+    import orjson
+
+    from baton.api.gateway.proxy import clean_error_events
+
+    chunk = (b'data: {"choices":[{"delta":{"content":"a"}}]}\n\n'
+             b'data: {"error": {"object": "error", "message": "Message: bad grammar state (Request ID: abc-123), '
+             b'Internal exception: ray.llm._internal.serve.core.X", "type": "BadRequestError", "code": 400}}\n\n'
+             b'data: {"error": {"message": "Traceback (most recent call last): File \\"/x/vllm/a.py\\", line 3",'
+             b' "type": "InternalServerError", "code": 500}}\n\n')
+    events = [e for e in clean_error_events(chunk).split(b"\n\n") if e]
+    assert events[0] == b'data: {"choices":[{"delta":{"content":"a"}}]}'
+    first, second = (orjson.loads(e[6:])["error"] for e in events[1:])
+    assert first == {"message": "bad grammar state", "type": "invalid_request_error", "param": None, "code": None}
+    assert second["message"] == "The model failed to answer. Try again." and second["type"] == "server_error"
+    assert b"ray." not in clean_error_events(chunk) and b"Request ID" not in clean_error_events(chunk)
