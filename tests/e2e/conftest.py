@@ -25,7 +25,11 @@ REDIS_URL = os.environ.get("BATON_E2E_REDIS_URL", "redis://127.0.0.1:6379")
 # Other Ray clusters (a `baton up`, another test session) may run on the same host: by default the
 # Serve proxy takes a free port, and P/D deployments take NIXL side-channel ports from NIXL_PORT_BASE.
 SERVE_PORT = int(os.environ.get("BATON_E2E_SERVE_PORT", "0"))
-NIXL_PORT_BASE = int(os.environ.get("BATON_E2E_NIXL_PORT_BASE", str(30000 + os.getpid() % 6 * 4000)))
+# The tests use NIXL_PORT_BASE + 0..510 (prefill) and + 2000..2510 (decode). The range stays clear of Ray's
+# worker ports (10002-19999), the control plane's deployments (20000-24010, `control.spec.nixl_port_base`),
+# the chaos stacks' (24000-29910) and Linux's ephemeral ports (from 32768): a listener there can find its
+# port taken by any process's outgoing connection, and the replica then fails to start.
+NIXL_PORT_BASE = int(os.environ.get("BATON_E2E_NIXL_PORT_BASE", str(30000 + os.getpid() % 3 * 100)))
 DEPLOY_TIMEOUT_S = 600
 
 

@@ -13,6 +13,8 @@ import pytest
 from .conftest import Catalogue, MakeTenant
 
 ENDPOINTS = ["/v1/chat/completions", "/v1/completions"]
+#: Every POST endpoint under /v1 (for what any endpoint must refuse the same way).
+ALL_ENDPOINTS = [*ENDPOINTS, "/v1/responses", "/v1/embeddings"]
 
 
 def _chat(model: str) -> dict[str, Any]:
@@ -24,6 +26,10 @@ def _completion(model: str) -> dict[str, Any]:
 
 
 def _body(endpoint: str, model: str) -> dict[str, Any]:
+    if endpoint.endswith("responses"):
+        return {"model": model, "input": "hi", "max_output_tokens": 16}
+    if endpoint.endswith("embeddings"):
+        return {"model": model, "input": "hi"}
     return _chat(model) if endpoint.endswith("chat/completions") else _completion(model)
 
 
@@ -59,7 +65,7 @@ TYPED_BAD: list[tuple[str, dict[str, Any]]] = [
 ]
 
 
-@pytest.mark.parametrize("endpoint", ENDPOINTS)
+@pytest.mark.parametrize("endpoint", ALL_ENDPOINTS)
 @pytest.mark.parametrize("what, raw", RAW_BAD, ids=[w for w, _ in RAW_BAD])
 def test_unparseable_bodies(http: httpx.Client, catalogue: Catalogue, make_tenant: MakeTenant, endpoint: str,
                             what: str, raw: bytes) -> None:
@@ -106,7 +112,7 @@ def test_lone_surrogates_are_the_clients_error(http: httpx.Client, catalogue: Ca
     assert ok.status_code == 200, ok.text
 
 
-@pytest.mark.parametrize("endpoint", ENDPOINTS)
+@pytest.mark.parametrize("endpoint", ALL_ENDPOINTS)
 def test_an_oversize_body_is_refused_by_its_length(http: httpx.Client, catalogue: Catalogue, make_tenant: MakeTenant,
                                                    endpoint: str) -> None:
     key = make_tenant([catalogue.small])
