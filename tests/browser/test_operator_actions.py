@@ -91,8 +91,17 @@ def test_the_catalogue_grants_and_policies_are_managed_from_the_console(page, br
     ops.get_by_label("Name").fill(name)
     ops.get_by_label("Weights (folder on the workers)").fill("/models/extra")
     ops.get_by_label("Context (tokens)").fill("4096")
+    ops.get_by_label("Tool-call parser (optional, e.g. hermes)").fill("hermes")
     ops.get_by_role("button", name="Add model").click()
     expect(ops.get_by_role("rowheader", name=name)).to_be_visible()
+    expect(ops.get_by_role("row", name=re.compile(name))).to_contain_text("tools (hermes)")
+    embed = f"embed-{uuid.uuid4().hex[:6]}"
+    ops.get_by_label("Name").fill(embed)
+    ops.get_by_label("Weights (folder on the workers)").fill("/models/embed")
+    ops.get_by_label("Serves").select_option(label="embeddings")
+    expect(ops.get_by_label("Tool-call parser (optional, e.g. hermes)")).to_have_count(0)  # not for embeddings
+    ops.get_by_role("button", name="Add model").click()
+    expect(ops.get_by_role("row", name=re.compile(embed))).to_contain_text("embeddings")
     ops.get_by_label("Context (tokens)").fill("-3")  # refused by the form itself (min 1): nothing is sent
     ops.get_by_label("Name").fill("bad name with spaces")
     ops.get_by_role("button", name="Add model").click()
