@@ -166,7 +166,8 @@ def clean_error_events(out: bytes) -> bytes:
             status = code if isinstance(code, int) and 400 <= code < 500 else 500  # vLLM puts the status in code
             message = (client_text(raw) if status < 500 and isinstance(raw, str) and raw
                        else "The model failed to answer. Try again.")
-            ev = b"data: " + openai_error_body(message, status=status, code=None)
+            kept.append(b"data: " + openai_error_body(message, status=status, code=None))
+            continue
         kept.append(ev)
     return b"\n\n".join(kept)
 
