@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import httpx
+import openai
 import pytest
 
 from baton.control.keys import KeyService, RedisKeyEvents
@@ -158,6 +159,25 @@ def make_tenant(db: Database, keys: KeyService) -> MakeTenant:
 def _limits(d: dict[str, int]) -> dict[str, int | None]:
     return {"requests_per_minute": d.get("rpm"), "tokens_per_minute": d.get("tpm"),
             "max_concurrency": d.get("concurrency")}
+
+
+def openai_client(url: str, key: TenantKey) -> openai.OpenAI:
+    """The official client on the gateway at ``url`` with ``key`` (no retries: a test sees every answer)."""
+    return openai.OpenAI(base_url=f"{url}/v1", api_key=key.secret, max_retries=0)
+
+
+def usage_rows(db: Database, tenant_id: uuid.UUID) -> list[m.UsageRecord]:
+    with db.system() as uow:
+        rows = list(uow.session.scalars(uow.usage.query(tenant_id=tenant_id)).all())
+        uow.session.expunge_all()
+        return rows
+
+
+def request_rows(db: Database, tenant_id: uuid.UUID) -> list[m.RequestRecord]:
+    with db.system() as uow:
+        rows = list(uow.session.scalars(uow.requests.query(tenant_id=tenant_id)).all())
+        uow.session.expunge_all()
+        return rows
 
 
 def wait_for(predicate: Callable[[], Any], timeout: float = 10.0, interval: float = 0.05) -> Any:

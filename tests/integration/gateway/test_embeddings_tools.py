@@ -5,15 +5,19 @@ template and parser reaching the engine) is tested in ``tests/e2e/test_openai_su
 
 from __future__ import annotations
 
-import uuid
-
 import httpx
 import openai
 import pytest
 
-from baton.core import models as m
 from baton.core.db import Database
-from tests.integration.gateway.conftest import Catalogue, MakeTenant, TenantKey, wait_for
+from tests.integration.gateway.conftest import (
+    Catalogue,
+    MakeTenant,
+    openai_client,
+    request_rows,
+    usage_rows,
+    wait_for,
+)
 from tests.integration.gateway.stub_upstream import EMBED_DIMS, EMBED_TOKENS_PER_INPUT
 
 TOOLS = [{"type": "function", "function": {"name": "get_weather", "description": "Weather in a city",
@@ -22,22 +26,11 @@ TOOLS = [{"type": "function", "function": {"name": "get_weather", "description":
 HI = [{"role": "user", "content": "What is the weather in Paris?"}]
 
 
-def _client(url: str, key: TenantKey) -> openai.OpenAI:
-    return openai.OpenAI(base_url=f"{url}/v1", api_key=key.secret, max_retries=0)
-
-
-def _usage(db: Database, tenant_id: uuid.UUID) -> list[m.UsageRecord]:
-    with db.system() as uow:
-        rows = list(uow.session.scalars(uow.usage.query(tenant_id=tenant_id)).all())
-        uow.session.expunge_all()
-        return rows
-
-
 def test_embeddings_are_served_and_metered_by_input_tokens(
     gateway_url: str, catalogue: Catalogue, make_tenant: MakeTenant, db: Database, http: httpx.Client
 ) -> None:
     key = make_tenant([catalogue.embed])
-    client = _client(gateway_url, key)
+    client = openai_client(gateway_url, key)
     one = client.embeddings.create(model=catalogue.embed, input="hello")
     assert len(one.data) == 1 and len(one.data[0].embedding) == EMBED_DIMS
     many = client.embeddings.create(model=catalogue.embed, input=["a", "b", "c"])
@@ -46,12 +39,11 @@ def test_embeddings_are_served_and_metered_by_input_tokens(
     ids = client.embeddings.create(model=catalogue.embed, input=[[1, 2, 3], [4, 5]])
     assert len(ids.data) == 2
 
-    rows = wait_for(lambda: (r := _usage(db, key.tenant_id)) and len(r) == 3 and r)
+    rows = wait_for(lambda: (r := usage_rows(db, key.tenant_id)) and len(r) == 3 and r)
     assert sorted(r.prompt_tokens for r in rows) == sorted(EMBED_TOKENS_PER_INPUT * n for n in (1, 3, 2))
     assert all(r.completion_tokens == 0 for r in rows)
-    with db.system() as uow:
-        records = list(uow.session.scalars(uow.requests.query(tenant_id=key.tenant_id)).all())
-        assert {r.endpoint for r in records} == {"embeddings"} and len(records) == 3
+    records = wait_for(lambda: (r := request_rows(db, key.tenant_id)) and len(r) == 3 and r)
+    assert {r.endpoint for r in records} == {"embeddings"}
 
 
 def test_the_engine_gets_no_cache_salt_for_embeddings(
@@ -96,7 +88,7 @@ def test_an_input_longer_than_the_context_is_refused(catalogue: Catalogue, make_
 
 def test_each_model_serves_its_kind_only(gateway_url: str, catalogue: Catalogue, make_tenant: MakeTenant) -> None:
     key = make_tenant([catalogue.embed, catalogue.small])
-    client = _client(gateway_url, key)
+    client = openai_client(gateway_url, key)
     with pytest.raises(openai.BadRequestError) as err:
         client.embeddings.create(model=catalogue.small, input="hello")
     assert err.value.code == "model_not_supported" and "embedding model" in err.value.message
@@ -113,7 +105,7 @@ def test_automatic_tool_choice_needs_a_tool_call_parser(
     gateway_url: str, stub_url: str, catalogue: Catalogue, make_tenant: MakeTenant
 ) -> None:
     key = make_tenant([catalogue.small, catalogue.tools])
-    client = _client(gateway_url, key)
+    client = openai_client(gateway_url, key)
     for choice in (openai.NOT_GIVEN, "auto"):
         with pytest.raises(openai.BadRequestError) as err:
             client.chat.completions.create(model=catalogue.small, messages=HI, tools=TOOLS, tool_choice=choice)

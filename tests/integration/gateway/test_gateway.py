@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import socket
 import time
-import uuid
 
 import httpx
 import openai
@@ -16,25 +15,14 @@ from baton.core import models as m
 from baton.core.db import Database
 from baton.core.secrets import cache_salt
 from baton.core.settings import Settings
-from tests.integration.gateway.conftest import Catalogue, MakeTenant, TenantKey, wait_for
-
-
-def _client(url: str, key: TenantKey) -> openai.OpenAI:
-    return openai.OpenAI(base_url=f"{url}/v1", api_key=key.secret, max_retries=0)
-
-
-def _usage(db: Database, tenant_id: uuid.UUID) -> list[m.UsageRecord]:
-    with db.system() as uow:
-        rows = list(uow.session.scalars(uow.usage.query(tenant_id=tenant_id)).all())
-        uow.session.expunge_all()
-        return rows
-
-
-def _records(db: Database, tenant_id: uuid.UUID) -> list[m.RequestRecord]:
-    with db.system() as uow:
-        rows = list(uow.session.scalars(uow.requests.query(tenant_id=tenant_id)).all())
-        uow.session.expunge_all()
-        return rows
+from tests.integration.gateway.conftest import (
+    Catalogue,
+    MakeTenant,
+    openai_client,
+    request_rows,
+    usage_rows,
+    wait_for,
+)
 
 
 def _error(resp: httpx.Response) -> dict[str, object]:
@@ -48,7 +36,7 @@ def test_the_openai_client_lists_completes_and_streams(
     gateway_url: str, catalogue: Catalogue, make_tenant: MakeTenant, db: Database
 ) -> None:
     key = make_tenant([catalogue.small, catalogue.big])
-    client = _client(gateway_url, key)
+    client = openai_client(gateway_url, key)
     assert sorted(x.id for x in client.models.list().data) == sorted([catalogue.small, catalogue.big])
 
     chat = client.chat.completions.create(model=catalogue.big, messages=[{"role": "user", "content": "hi"}],
@@ -67,10 +55,10 @@ def test_the_openai_client_lists_completes_and_streams(
     assert "".join(c.choices[0].text for c in plain if c.choices) == "tok " * 3
     assert all(c.usage is None for c in plain)  # the client did not ask for usage: the gateway's chunk is gone
 
-    rows = wait_for(lambda: (r := _usage(db, key.tenant_id)) and len(r) == 3 and r)
+    rows = wait_for(lambda: (r := usage_rows(db, key.tenant_id)) and len(r) == 3 and r)
     assert sorted(r.completion_tokens for r in rows) == [3, 4, 5]
     assert all(r.api_key_id == key.key_id and r.prompt_tokens == 7 for r in rows)
-    records = wait_for(lambda: (r := _records(db, key.tenant_id)) and len(r) == 3 and r)
+    records = wait_for(lambda: (r := request_rows(db, key.tenant_id)) and len(r) == 3 and r)
     assert {r.status for r in records} == {m.RequestStatus.COMPLETED}
     streamed = [r for r in records if r.stream]
     assert all(r.ttft_ms is not None and r.trace_id for r in streamed)
@@ -81,7 +69,7 @@ def test_tenants_see_and_reach_only_their_own_models(
 ) -> None:
     a = make_tenant([catalogue.small])
     b = make_tenant([catalogue.other])
-    client_a = _client(gateway_url, a)
+    client_a = openai_client(gateway_url, a)
     assert [x.id for x in client_a.models.list().data] == [catalogue.small]
     with pytest.raises(openai.NotFoundError) as err:
         client_a.chat.completions.create(model=catalogue.other, messages=[{"role": "user", "content": "x"}])
@@ -89,14 +77,14 @@ def test_tenants_see_and_reach_only_their_own_models(
     with pytest.raises(openai.NotFoundError):
         client_a.models.retrieve(catalogue.other)
     time.sleep(0.3)
-    assert _usage(db, a.tenant_id) == [] and _usage(db, b.tenant_id) == []
+    assert usage_rows(db, a.tenant_id) == [] and usage_rows(db, b.tenant_id) == []
 
 
 def test_a_keys_model_scope_narrows_the_tenants_models(
     gateway_url: str, catalogue: Catalogue, make_tenant: MakeTenant
 ) -> None:
     key = make_tenant([catalogue.small, catalogue.big], scope=(catalogue.big,))
-    client = _client(gateway_url, key)
+    client = openai_client(gateway_url, key)
     assert [x.id for x in client.models.list().data] == [catalogue.big]
     with pytest.raises(openai.NotFoundError):
         client.completions.create(model=catalogue.small, prompt="x")
@@ -260,9 +248,9 @@ def test_concurrency_slots_are_released_when_clients_go_away(
         sock.close()  # the client goes away mid-stream
         wait_for(lambda: c.post("/v1/chat/completions", headers=key.headers, json={
             "model": catalogue.big, "messages": [{"role": "user", "content": "x"}]}).status_code == 200, timeout=5)
-    records = wait_for(lambda: (r := [x for x in _records(db, key.tenant_id) if x.stream]) and r)
+    records = wait_for(lambda: (r := [x for x in request_rows(db, key.tenant_id) if x.stream]) and r)
     assert records[0].status is m.RequestStatus.CANCELLED
-    usage = wait_for(lambda: (u := _usage(db, key.tenant_id)) and len(u) == 2 and u)
+    usage = wait_for(lambda: (u := usage_rows(db, key.tenant_id)) and len(u) == 2 and u)
     cancelled = [u for u in usage if u.request_id == records[0].id]
     assert len(cancelled) == 1 and 3 <= cancelled[0].completion_tokens < 50
 
@@ -280,7 +268,7 @@ def test_a_cut_upstream_stream_ends_with_an_error_event(
     assert body.count(b'"content":"tok "') == 3
     # The stub gives no token ids, so the stream cannot be resumed: an SSE error, and the record says why.
     assert b"event: error" in body and b'"code":"upstream_stream_broken"' in body
-    record = wait_for(lambda: _records(db, key.tenant_id))[0]
+    record = wait_for(lambda: request_rows(db, key.tenant_id))[0]
     assert record.status is m.RequestStatus.FAILED and record.error_code == "upstream_stream_broken"
     assert [(s["step"], s["outcome"]) for s in record.recovery_steps] == [("decode_resume", "failed")]
 
@@ -296,6 +284,6 @@ def test_upstream_errors_and_unreachable_models(
     broken = http.post("/v1/chat/completions", headers=key.headers,
                        json={"model": catalogue.big, "messages": msg, "stub_status": 500})
     assert broken.status_code == 502 and "stub" not in _error(broken)["message"]
-    records = wait_for(lambda: (r := _records(db, key.tenant_id)) and len(r) == 2 and r)
+    records = wait_for(lambda: (r := request_rows(db, key.tenant_id)) and len(r) == 2 and r)
     assert {r.status for r in records} == {m.RequestStatus.FAILED}
-    assert _usage(db, key.tenant_id) == []
+    assert usage_rows(db, key.tenant_id) == []
