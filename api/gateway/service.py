@@ -91,15 +91,14 @@ def check_kind(grant: ModelGrant, endpoint: str) -> None:
 
 
 def check_tools(grant: ModelGrant, payload: dict[str, Any]) -> None:
-    """``tool_choice: auto`` (the default when tools are given) needs a tool-call parser on the model's
-    engines; ``required`` and a named function do not (the engine constrains the answer to the tools)."""
-    if not payload.get("tools") or grant.auto_tools:
+    """Calling tools (``tool_choice`` ``auto``, the default when tools are given, ``required`` or a named
+    function) needs a tool-call parser on the model's engines; ``none`` does not."""
+    if not payload.get("tools") or grant.auto_tools or payload.get("tool_choice") == "none":
         return
-    if payload.get("tool_choice") in (None, "auto"):
-        raise UnsupportedParameterError(
-            f"The model `{grant.name}` does not choose tools by itself (no tool-call parser is configured "
-            'for it): set `tool_choice` to "required" or to a named function, or ask an operator to set '
-            "the model's tool-call parser.", param="tool_choice")
+    raise UnsupportedParameterError(
+        f"The model `{grant.name}` is not set up for tool calls (no tool-call parser is configured for it): "
+        'send `tool_choice: "none"`, or ask an operator to set the model\'s tool-call parser.',
+        param="tool_choice")
 
 
 @dataclass(slots=True)

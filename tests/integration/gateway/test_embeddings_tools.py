@@ -101,23 +101,21 @@ def test_each_model_serves_its_kind_only(gateway_url: str, catalogue: Catalogue,
         client.responses.create(model=catalogue.embed, input="x")
 
 
-def test_automatic_tool_choice_needs_a_tool_call_parser(
+def test_tool_calls_need_a_tool_call_parser(
     gateway_url: str, stub_url: str, catalogue: Catalogue, make_tenant: MakeTenant
 ) -> None:
     key = make_tenant([catalogue.small, catalogue.tools])
     client = openai_client(gateway_url, key)
-    for choice in (openai.NOT_GIVEN, "auto"):
+    named = {"type": "function", "function": {"name": "get_weather"}}
+    for choice in (openai.NOT_GIVEN, "auto", "required", named):
         with pytest.raises(openai.BadRequestError) as err:
             client.chat.completions.create(model=catalogue.small, messages=HI, tools=TOOLS, tool_choice=choice)
-        assert err.value.param == "tool_choice" and '"required"' in err.value.message
+        assert err.value.param == "tool_choice" and "not set up for tool calls" in err.value.message
         assert "--" not in err.value.message and "vllm" not in err.value.message.lower()
 
-    # no parser needed: the engine constrains the answer to the tools; or no tools offered at all
-    client.chat.completions.create(model=catalogue.small, messages=HI, tools=TOOLS, tool_choice="required")
-    assert httpx.get(f"{stub_url}/_last").json()["body"]["tools"] == TOOLS
-    client.chat.completions.create(model=catalogue.small, messages=HI, tools=TOOLS,
-                                   tool_choice={"type": "function", "function": {"name": "get_weather"}})
+    # tools offered but not to be called: any model
     client.chat.completions.create(model=catalogue.small, messages=HI, tools=TOOLS, tool_choice="none")
 
-    client.chat.completions.create(model=catalogue.tools, messages=HI, tools=TOOLS)  # a model with a parser
-    assert httpx.get(f"{stub_url}/_last").json()["body"]["tools"] == TOOLS
+    for choice in (openai.NOT_GIVEN, "required", named):  # a model with a parser
+        client.chat.completions.create(model=catalogue.tools, messages=HI, tools=TOOLS, tool_choice=choice)
+        assert httpx.get(f"{stub_url}/_last").json()["body"]["tools"] == TOOLS
