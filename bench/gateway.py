@@ -84,8 +84,8 @@ class Arm:
 
 def run_gateway(cfg: GatewayConfig, *, progress: ProgressFactory | None = None, log: Log = print) -> dict[str, Any]:
     """Starts what the config asks for, runs the comparison, stops everything; returns the report."""
-    out: dict[str, Any] = {"benchmark": "gateway", "config": asdict(cfg), "environment": report.environment(),
-                           "notes": []}
+    started = report.provenance()
+    out: dict[str, Any] = {"benchmark": "gateway", "config": asdict(cfg), "notes": []}
     with contextlib.ExitStack() as stack:
         arms = _start_arms(cfg, stack, out, log)
         tok = _tokenizer(cfg)
@@ -100,6 +100,7 @@ def run_gateway(cfg: GatewayConfig, *, progress: ProgressFactory | None = None, 
             out["throughput"] = _throughput(cfg, arms, n_tp, progress)
         out["rss_mb"] = {a.name: a.rss_max_mb for a in arms if a.proc}
     out["headline"] = headline(out)
+    out["provenance"] = report.provenance(started)
     return out
 
 

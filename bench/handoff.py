@@ -274,17 +274,19 @@ def _by_length(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 def run_handoff(cfg: HandoffConfig, *, link_gbps: float = 1.9, log: Log = print,
                 progress: Callable[[str, int], Callable[[Any], None]] | None = None) -> dict[str, Any]:
+    started = report.provenance()
     log(f"memcpy bandwidth: copying {cfg.memcpy_mb} MiB buffers")
     mem = measure_memcpy(cfg.memcpy_mb)
     log(f"memcpy: {mem['best_GBps']:.2f} GB/s best, {mem['median_GBps']:.2f} GB/s median")
     shapes = [run_shape(cfg, s, memcpy_Bps=mem["best_GBps"] * 1e9, link_Bps=link_gbps * 1e9, log=log,
                         progress=progress) for s in cfg.shapes]
-    out = {"benchmark": "handoff", "config": asdict(cfg), "environment": report.environment(), "memcpy": mem,
+    out = {"benchmark": "handoff", "config": asdict(cfg), "memcpy": mem,
            "link_bandwidth_GBps": link_gbps, "method": "NIXL transfer time from the decode engine's /metrics "
            "(vllm:nixl_xfer_time_seconds, one transfer per request); client-side: decode TTFT minus one ITL",
            "shapes": shapes}
     out["headline"] = {s["shape"]: {str(r["prompt_len"]): r["efficiency"] for r in s["by_length"]} for s in shapes}
     out["target"] = {"efficiency": 0.5, "prompt_len_min": 2048}
+    out["provenance"] = report.provenance(started)
     return out
 
 

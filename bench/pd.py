@@ -119,8 +119,9 @@ def run_pd(cfg: PdConfig, *, log: Log = print, progress: ProgressFactory | None 
     name = cfg.shape
     samples = mix_dataset(cfg.num_prompts, long_len=cfg.long_len, short_len=cfg.short_len,
                           long_fraction=cfg.long_fraction, output_len=cfg.output_len, seed=cfg.seed, tokenizer=tok)
-    out: dict[str, Any] = {"benchmark": "pd", "config": asdict(cfg), "environment": report.environment(),
-                           "model_dir": str(folder), "slo_ms": slo, "arms": {}}
+    started = report.provenance()
+    out: dict[str, Any] = {"benchmark": "pd", "config": asdict(cfg), "model_dir": str(folder), "slo_ms": slo,
+                           "arms": {}}
     warm = random_dataset(2, 64, 4, seed=cfg.seed + 9, tokenizer=tok)
 
     log("aggregated: two engines, one core each")
@@ -152,6 +153,7 @@ def run_pd(cfg: PdConfig, *, log: Log = print, progress: ProgressFactory | None 
         p.stop()
 
     out["prediction"] = predict(cfg, folder, samples, out["calibration_records"], slo)
+    out["provenance"] = report.provenance(started)
     return out
 
 

@@ -20,26 +20,6 @@ def default_out(name: str, state_dir: Path | str = "var") -> Path:
     return Path(state_dir) / "bench" / f"{name}-{stamp}.json"
 
 
-def environment() -> dict[str, Any]:
-    """What the numbers were measured on."""
-    env: dict[str, Any] = {
-        "timestamp": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
-        "host": platform.node(),
-        "cpus": os.cpu_count(),
-        "python": platform.python_version(),
-        "machine": platform.machine(),
-    }
-    with contextlib.suppress(OSError, StopIteration):
-        env["cpu_model"] = next(
-            line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
-            if line.startswith("model name")
-        )
-    with contextlib.suppress(OSError, subprocess.SubprocessError):
-        env["git_commit"] = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
-                                           text=True, timeout=5).stdout.strip() or None
-    return env
-
-
 def provenance(started: dict[str, Any] | None = None) -> dict[str, Any]:
     """Where a figure comes from: commit (and whether the tree had uncommitted changes), the command
     line, the machine (cores, CPU model, memory), load average and time at the start and at the end,
@@ -90,6 +70,11 @@ def _clean(obj: Any) -> Any:
 
 
 def write_json(path: Path, data: dict[str, Any]) -> Path:
+    """Writes a benchmark's result; one without :func:`provenance` (start and end) is refused: no figure
+    may be written that cannot say where it came from."""
+    prov = data.get("provenance")
+    if not isinstance(prov, dict) or "start" not in prov or "end" not in prov:
+        raise ValueError(f"a benchmark result needs its provenance (start and end): {path}")
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(_clean(data), indent=2, sort_keys=False) + "\n")
     return path

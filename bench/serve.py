@@ -74,6 +74,7 @@ ProgressFactory = Callable[[str, int], Callable[[stats.RequestResult], None]]
 
 def run_serve(cfg: ServeConfig, *, progress: ProgressFactory | None = None) -> dict[str, Any]:
     """Runs the sweep; returns the report (one entry per rate under ``runs``)."""
+    started = report.provenance()
     slo = stats.parse_goodput(cfg.goodput)
     samples = cfg.samples()
     target = cfg.target()
@@ -99,7 +100,7 @@ def run_serve(cfg: ServeConfig, *, progress: ProgressFactory | None = None) -> d
             await session.close()
 
     client.run(sweep())
-    return {"benchmark": "serve", "config": asdict(cfg), "environment": report.environment(), "runs": runs}
+    return {"benchmark": "serve", "config": asdict(cfg), "runs": runs, "provenance": report.provenance(started)}
 
 
 def _by_kind(samples: Sequence[SampleRequest], results: Sequence[stats.RequestResult], duration: float,

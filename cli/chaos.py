@@ -101,6 +101,9 @@ def run(  # noqa: PLR0917 - typer options
     def log(msg: str) -> None:
         err.print(f"[dim]chaos[/dim] {msg}")
 
+    from baton.bench.report import provenance
+
+    started = provenance()
     settings = load_settings()
     with contextlib.ExitStack() as stack:
         if fresh_db:
@@ -112,6 +115,7 @@ def run(  # noqa: PLR0917 - typer options
                       prefill=prefill,
                       decode=decode, state_dir=state_dir, tier=tier_downs > 0 or tier_down_whole_run,
                       step_tokens=step_tokens)
+    result["provenance"] = provenance(started)
     if out:
         out.parent.mkdir(parents=True, exist_ok=True)
         out.write_text(json.dumps(result, indent=2, default=str))

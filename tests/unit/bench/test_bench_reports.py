@@ -85,8 +85,26 @@ def test_ratio_is_undefined_when_litellm_adds_nothing() -> None:
 
 
 def test_json_has_no_nan_or_inf(tmp_path: Path) -> None:
-    path = report.write_json(tmp_path / "x.json", {"a": math.nan, "b": [math.inf, 1.5], "c": {"d": -math.inf}})
-    assert json.loads(path.read_text()) == {"a": None, "b": ["inf", 1.5], "c": {"d": "-inf"}}
+    prov = report.provenance(report.provenance())
+    path = report.write_json(tmp_path / "x.json", {"a": math.nan, "b": [math.inf, 1.5], "c": {"d": -math.inf},
+                                                   "provenance": prov})
+    assert json.loads(path.read_text()) == {"a": None, "b": ["inf", 1.5], "c": {"d": "-inf"}, "provenance": prov}
+
+
+def test_a_result_without_provenance_is_never_written(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="provenance"):
+        report.write_json(tmp_path / "x.json", {"a": 1})
+    with pytest.raises(ValueError, match="provenance"):
+        report.write_json(tmp_path / "x.json", {"a": 1, "provenance": report.provenance()})  # no end
+    assert not (tmp_path / "x.json").exists()
+
+
+def test_provenance_says_commit_command_machine_load_time_and_versions() -> None:
+    prov = report.provenance(report.provenance())
+    assert len(prov["commit"]) == 40 and isinstance(prov["dirty"], bool)
+    assert prov["command"] and prov["machine"]["cpus"] >= 1 and prov["machine"]["memory_gib"] > 0
+    assert len(prov["start"]["loadavg"]) == 3 and prov["end"]["time"] >= prov["start"]["time"]
+    assert "baton" in prov["versions"]
 
 
 def test_default_out_is_under_var_bench() -> None:
