@@ -35,7 +35,8 @@ class GatewayConfig:
     upstream: str = "engine"
     """``engine`` (a bare vLLM server on ``model_dir``, or ``engine_url``) or ``zero`` (the stub)."""
     engine_url: str | None = None
-    model_dir: str = "var/models/tiny"
+    model_dir: str = "var/models/tiny-llama"
+    """The model ``baton up`` builds (``baton model make-tiny``)."""
     model: str = "tiny"
     tracing: str = "both"
     """``on`` (Baton with tracing), ``off`` (without) or ``both`` (two Baton arms: the tracing cost)."""
@@ -53,6 +54,10 @@ class GatewayConfig:
     throughput_concurrency: int = 32
     gateway_cpus: list[int] | None = None
     state_dir: str = "var"
+    stub_token_gap_ms: float = 1.0
+    """``--upstream zero``: the stub's pause between a stream's token writes (each token its own write)."""
+    stub_batched: bool = False
+    """``--upstream zero``: the stub writes each stream whole (no per-token figure then)."""
 
     def arms(self) -> list[str]:
         arms = ["direct"]
@@ -114,7 +119,7 @@ def _start_arms(cfg: GatewayConfig, stack: contextlib.ExitStack, out: dict[str, 
 
     want = cfg.arms()
     # A stub process: the zero upstream, and in any case the OTLP sink the gateway exports spans to.
-    stub, stub_url = start_stub("stub")
+    stub, stub_url = start_stub("stub", token_gap_ms=cfg.stub_token_gap_ms, batched=cfg.stub_batched)
     stack.callback(stub.stop)
     otlp = stub_url.removesuffix("/v1")
     if cfg.upstream == "zero":

@@ -233,10 +233,13 @@ def wait_engines(engines: Sequence[tuple[Proc, str]], *, timeout_s: float = 300.
         raise
 
 
-def start_stub(name: str = "stub", *, port: int | None = None, cpus: Sequence[int] | None = None) -> tuple[Proc, str]:
-    """The zero-latency upstream (:mod:`baton.bench.stub`) as its own process."""
+def start_stub(name: str = "stub", *, port: int | None = None, cpus: Sequence[int] | None = None,
+               token_gap_ms: float = 1.0, batched: bool = False) -> tuple[Proc, str]:
+    """The zero-latency upstream (:mod:`baton.bench.stub`) as its own process; each streamed token is its
+    own write, ``token_gap_ms`` apart, unless ``batched``."""
     port = port or free_port()
-    proc = Proc(name, [python(), "-m", "baton.bench.stub", "--port", str(port)], cpus=cpus).start()
+    argv = [python(), "-m", "baton.bench.stub", "--port", str(port), "--token-gap-ms", str(token_gap_ms)]
+    proc = Proc(name, [*argv, *(["--batched"] if batched else [])], cpus=cpus).start()
     try:
         proc.wait_http(f"http://127.0.0.1:{port}/health", timeout_s=30)
     except BaseException:

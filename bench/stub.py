@@ -2,6 +2,11 @@
 ``max_tokens`` streamed chunks (one token each), so that a benchmark through a gateway measures the
 gateway and nothing else.
 
+Streams are written as an engine writes them: each token its own write, ``token_gap_ms`` apart (default
+1 ms), so a relay in between sees (and pays for) every token and a client's inter-token latency is the
+gap plus what the relay adds. ``batched`` writes the whole body at once (a relay's cheapest case; it is
+not a measure of per-token latency).
+
 A raw asyncio HTTP/1.1 server (keep-alive, chunked SSE), far cheaper per request than the gateway it
 sits behind. Run it as ``python -m baton.bench.stub --port 9100`` or in-process with :func:`serve`.
 """
@@ -25,8 +30,19 @@ def _sse(obj: dict[str, Any]) -> bytes:
     return b"data: " + json.dumps(obj, separators=(",", ":")).encode() + b"\n\n"
 
 
-def stream_body(req: dict[str, Any], chat: bool) -> bytes:
-    """The whole chunked-encoded SSE body for one request."""
+#: How streams are written (:func:`configure`).
+_MODE: dict[str, Any] = {"token_gap_s": 0.001, "batched": False}
+
+
+def configure(*, token_gap_ms: float = 1.0, batched: bool = False) -> None:
+    """Sets how this process's stub writes streams (see the module docstring)."""
+    if token_gap_ms < 0:
+        raise ValueError("token_gap_ms must be >= 0")
+    _MODE.update(token_gap_s=token_gap_ms / 1000, batched=batched)
+
+
+def stream_parts(req: dict[str, Any], chat: bool) -> list[bytes]:
+    """The chunked-encoding frames of one request's SSE body, one per event, the terminator last."""
     n = int(req.get("max_tokens") or req.get("max_completion_tokens") or 16)
     model = str(req.get("model", "stub"))
     created = int(time.time())
@@ -49,7 +65,27 @@ def stream_body(req: dict[str, Any], chat: bool) -> bytes:
                            "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": n,
                                      "total_tokens": prompt_tokens + n}}))
     parts.append(b"data: [DONE]\n\n")
-    return b"".join(_chunk(p) for p in parts) + b"0\r\n\r\n"
+    return [*(_chunk(p) for p in parts), b"0\r\n\r\n"]
+
+
+def stream_body(req: dict[str, Any], chat: bool) -> bytes:
+    """The whole chunked-encoded SSE body for one request."""
+    return b"".join(stream_parts(req, chat))
+
+
+async def _write_stream(writer: asyncio.StreamWriter, req: dict[str, Any], chat: bool) -> None:
+    """Each event its own write and drain, ``token_gap_s`` apart (or, batched, the whole body at once)."""
+    head = _response("200 OK", b"text/event-stream", b"", chunked=True)
+    if _MODE["batched"]:
+        writer.write(head + stream_body(req, chat))
+        return
+    gap = _MODE["token_gap_s"]
+    writer.write(head)
+    for frame in stream_parts(req, chat):
+        writer.write(frame)
+        await writer.drain()
+        if gap:
+            await asyncio.sleep(gap)
 
 
 def json_body(req: dict[str, Any], chat: bool) -> bytes:
@@ -103,7 +139,7 @@ async def _handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) ->
                                            b'{"error":{"message":"bad json","type":"invalid_request_error"}}'))
                 else:
                     if req.get("stream"):
-                        writer.write(_response("200 OK", b"text/event-stream", stream_body(req, chat), chunked=True))
+                        await _write_stream(writer, req, chat)
                     else:
                         writer.write(_response("200 OK", b"application/json", json_body(req, chat)))
             elif method == b"POST" and path == b"/v1/traces":  # an OTLP/HTTP sink for the gateway's spans
@@ -131,7 +167,11 @@ def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description="Zero-latency OpenAI-compatible streaming upstream.")
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=9100)
+    p.add_argument("--token-gap-ms", type=float, default=1.0,
+                   help="Pause between a stream's token writes (each token is its own write).")
+    p.add_argument("--batched", action="store_true", help="Write each stream's whole body at once.")
     args = p.parse_args(argv)
+    configure(token_gap_ms=args.token_gap_ms, batched=args.batched)
 
     async def _main() -> None:
         server = await serve(args.host, args.port)

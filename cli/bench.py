@@ -188,11 +188,16 @@ def vllm_bench(
 def stub(
     host: Annotated[str, typer.Option("--host")] = "127.0.0.1",
     port: Annotated[int, typer.Option("--port")] = 9100,
+    token_gap_ms: Annotated[float, typer.Option("--token-gap-ms", min=0,
+                                                help="Pause between a stream's token writes.")] = 1.0,
+    batched: Annotated[bool, typer.Option("--batched", help="Write each stream's whole body at once.")] = False,
 ) -> None:
-    """Run the zero-latency OpenAI-compatible streaming upstream (for gateway-overhead runs)."""
+    """Run the zero-latency OpenAI-compatible streaming upstream (for gateway-overhead runs): each streamed
+    token its own write, --token-gap-ms apart."""
     from baton.bench.stub import main as stub_main
 
-    stub_main(["--host", host, "--port", str(port)])
+    stub_main(["--host", host, "--port", str(port), "--token-gap-ms", str(token_gap_ms),
+               *(["--batched"] if batched else [])])
 
 
 @app.command()
@@ -202,7 +207,8 @@ def gateway(  # noqa: PLR0917 - typer options
     = "engine",
     engine_url: Annotated[str | None, typer.Option("--engine-url", help="Use this running engine (OpenAI URL).")]
     = None,
-    model_dir: Annotated[str, typer.Option("--model-dir", help="Model folder the engine serves.")] = "var/models/tiny",
+    model_dir: Annotated[str, typer.Option("--model-dir", help="Model folder the engine serves.")]
+    = "var/models/tiny-llama",
     model: Annotated[str, typer.Option("--model", help="Served model name.")] = "tiny",
     tracing: Annotated[str, typer.Option("--tracing", help="on, off, or both (two Baton arms: tracing cost).")]
     = "both",
@@ -221,6 +227,10 @@ def gateway(  # noqa: PLR0917 - typer options
     throughput_concurrency: Annotated[int, typer.Option("--throughput-concurrency")] = 32,
     gateway_cpus: Annotated[str | None, typer.Option(
         "--gateway-cpus", help="Pin the proxies to these CPUs (taskset list, e.g. 1).")] = None,
+    stub_token_gap_ms: Annotated[float, typer.Option(
+        "--stub-token-gap-ms", min=0, help="--upstream zero: pause between the stub's token writes.")] = 1.0,
+    stub_batched: Annotated[bool, typer.Option(
+        "--stub-batched", help="--upstream zero: the stub writes each stream whole (no per-token ITL).")] = False,
     out: OutOpt = None,
 ) -> None:
     """Added latency of Baton's gateway (and of LiteLLM's proxy) over the bare upstream, in one run."""
@@ -236,7 +246,7 @@ def gateway(  # noqa: PLR0917 - typer options
                         litellm=litellm, concurrency=list(concurrency or [1]), blocks=blocks, block_size=block_size,
                         input_len=input_len, output_len=output_len, seed=seed, db_url=db_url,
                         throughput_requests=throughput_requests, throughput_concurrency=throughput_concurrency,
-                        gateway_cpus=cpus)
+                        gateway_cpus=cpus, stub_token_gap_ms=stub_token_gap_ms, stub_batched=stub_batched)
     with _progress() as factory:
         result = run_gateway(cfg, progress=factory, log=typer.echo)
     path = report.write_json(_out_path(out, f"gateway-{upstream}"), result)
