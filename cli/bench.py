@@ -31,10 +31,12 @@ def _progress() -> Iterator[Callable[[str, int], Callable[[Any], None]]]:
             failed = 0
 
             def advance(result: Any) -> None:
+                """One finished request (``result``), or ``result`` steps at once when it is a count."""
                 nonlocal failed
                 if not getattr(result, "success", True):
                     failed += 1
-                bar.update(task, advance=1, failed=failed)
+                steps = result if isinstance(result, int) and not isinstance(result, bool) else 1
+                bar.update(task, advance=steps, failed=failed)
 
             return advance
 
@@ -553,6 +555,77 @@ def idle(
         typer.echo(f"{100 * r['core_share']:6.1f}%  {r['process']}")
     for name, row in result["targets"].items():
         typer.echo(f"{name}: {_fmt(row['measured'], 3)} (target <= {row['target']}) met={row['met']}")
+    typer.echo(f"results: {path}")
+
+
+@app.command()
+def ingest(
+    records: Annotated[int, typer.Option("--records", min=1, help="Outcomes fed to the usage meter.")] = 100_000,
+    outage_s: Annotated[float, typer.Option("--outage", min=0, help="Seconds Postgres is away, halfway (0: none).")]
+    = 5.0,
+    batch_size: Annotated[int, typer.Option("--batch-size", min=1, help="Records per write.")] = 500,
+    db_url: Annotated[str, typer.Option("--db-url", help="Owner URL of the bench database (migrated here).")]
+    = "postgresql+psycopg://postgres@127.0.0.1:5432/baton_bench",
+    out: OutOpt = None,
+) -> None:
+    """Usage and request records per second into Postgres through the gateway's meter, with a Postgres
+    outage in the middle: none may be lost (target >= 20,000/s, 0 lost)."""
+    from baton.bench import report
+    from baton.bench.ingest import IngestConfig, run_ingest
+
+    cfg = IngestConfig(records=records, outage_s=outage_s, batch_size=batch_size, db_url=db_url)
+    with _progress() as factory:
+        result = run_ingest(cfg, log=typer.echo, progress=factory)
+    path = report.write_json(_out_path(out, "ingest"), result)
+    typer.echo(f"records/s (outage excluded): {_fmt(result['records_per_s'], 0)} (target >= "
+               f"{result['target']['records_per_s']}); lost {result['lost']}, duplicated {result['duplicated']}; "
+               f"failed flushes {result['failed_flushes']}; met={result['met']}")
+    typer.echo(f"results: {path}")
+
+
+@app.command()
+def ratelimit(
+    processes: Annotated[int, typer.Option("--processes", min=1, help="Gateway-like processes.")] = 2,
+    concurrency: Annotated[int, typer.Option("--concurrency", min=1, help="Decisions in flight per process.")]
+    = 32,
+    duration_s: Annotated[float, typer.Option("--duration", min=0.1, help="Seconds measured.")] = 10.0,
+    redis_url: Annotated[str, typer.Option("--redis-url")] = "redis://127.0.0.1:6379/0",
+    out: OutOpt = None,
+) -> None:
+    """Rate-limit decisions per second on one Redis from several processes, and their latency
+    (target >= 20,000/s)."""
+    from baton.bench import report
+    from baton.bench.ratelimit import RatelimitConfig, run_ratelimit
+
+    cfg = RatelimitConfig(processes=processes, concurrency=concurrency, duration_s=duration_s, redis_url=redis_url)
+    result = run_ratelimit(cfg, log=typer.echo)
+    path = report.write_json(_out_path(out, "ratelimit"), result)
+    lat = result["latency_ms"]
+    typer.echo(f"decisions/s: {_fmt(result['decisions_per_s'], 0)} (target >= {result['target']['decisions_per_s']}); "
+               f"latency p50 {_fmt(lat['p50'])} ms, p99 {_fmt(lat['p99'])} ms; met={result['met']}")
+    typer.echo(f"results: {path}")
+
+
+@app.command()
+def revoke(
+    gateways: Annotated[int, typer.Option("--gateways", min=1, help="Gateway processes.")] = 2,
+    revocations: Annotated[int, typer.Option("--revocations", min=1, help="Keys revoked, one at a time.")] = 100,
+    db_url: Annotated[str, typer.Option("--db-url", help="Owner URL of the bench database (migrated here).")]
+    = "postgresql+psycopg://postgres@127.0.0.1:5432/baton_bench",
+    out: OutOpt = None,
+) -> None:
+    """Time until every gateway process refuses a revoked key (target p99 < 1 s over 100 revocations)."""
+    from baton.bench import report
+    from baton.bench.revoke import RevokeConfig, run_revoke
+
+    cfg = RevokeConfig(gateways=gateways, revocations=revocations, db_url=db_url)
+    with _progress() as factory:
+        result = run_revoke(cfg, log=typer.echo, progress=factory)
+    path = report.write_json(_out_path(out, "revoke"), result)
+    seen = result["seen_by_all_ms"]
+    typer.echo(f"seen by all {gateways} processes: p50 {_fmt(seen['p50'])} ms, p99 {_fmt(seen['p99'])} ms, max "
+               f"{_fmt(seen['max'])} ms (target p99 < {result['target']['p99_ms']:g}); missed {result['missed']}; "
+               f"met={result['met']}")
     typer.echo(f"results: {path}")
 
 
