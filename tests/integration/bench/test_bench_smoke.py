@@ -42,3 +42,17 @@ def test_revoke_is_seen_by_every_gateway_process(pg_url: str, tmp_path: Path) ->
     r = _bench(tmp_path, "revoke", "--gateways", "2", "--revocations", "3", "--db-url", pg_url)
     assert r["missed"] == 0 and r["seen_by_all_ms"]["count"] == 3
     assert [g["count"] for g in r["per_gateway_ms"]] == [3, 3]
+
+
+def test_serve_loads_an_openai_endpoint_and_writes_its_plot(tmp_path: Path) -> None:
+    from baton.bench.procs import start_stub
+
+    stub, url = start_stub("stub-serve-smoke", token_gap_ms=0.5)
+    try:
+        r = _bench(tmp_path, "serve", "--base-url", url, "--model", "stub", "--request-rate", "8,inf",
+                   "--num-prompts", "6", "--input-len", "16", "--output-len", "4", "--warmup", "1")
+    finally:
+        stub.stop()
+    assert [run["request_rate"] for run in r["runs"]] == [8.0, "inf"]
+    assert all(run["completed"] == 6 and run["failed"] == 0 for run in r["runs"])
+    assert (tmp_path / "serve.png").exists()
