@@ -629,6 +629,30 @@ def revoke(
     typer.echo(f"results: {path}")
 
 
+@app.command("report")
+def report_doc(
+    doc: Annotated[Path, typer.Option("--doc", help="The document whose report blocks are written.")]
+    = Path("docs/benchmarks.md"),
+    check: Annotated[bool, typer.Option("--check", help="Only say whether the document is in sync (exit 1 if not).")]
+    = False,
+) -> None:
+    """Write the tables of docs/benchmarks.md from the committed JSON results (the blocks between
+    `<!-- report:NAME -->` and `<!-- /report -->`, each from docs/bench-NAME.json)."""
+    from baton.bench import docreport
+
+    if check:
+        stale = docreport.check(doc)
+        if stale:
+            typer.secho(f"{doc}: out of sync with its JSON: {', '.join(stale)} (run `baton bench report`)", fg="red",
+                        err=True)
+            raise typer.Exit(1)
+        typer.echo(f"{doc}: {len(docreport.blocks(doc.read_text()))} blocks in sync with their JSON")
+        return
+    changed = docreport.write(doc)
+    typer.echo(f"{doc}: {'rewritten' if changed else 'already in sync'} "
+               f"({', '.join(docreport.blocks(doc.read_text())) or 'no blocks'})")
+
+
 def _fail_bench(message: str) -> int:
     typer.secho(message, fg="red", err=True)
     return 1
