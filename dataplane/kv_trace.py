@@ -299,6 +299,8 @@ class NixlConnector(_VllmNixlConnector):
             "baton.kv.blocks": rec.blocks,
             "baton.kv.transfers": len(rec.telemetry),
             "baton.kv.timing": "nixl_telemetry" if nixl_us > 0 else "worker_clock",
+            # NIXL's telemetry counts no bytes on CPU/UCX today: then the figure is the KV formula's
+            "baton.kv.bytes_source": "nixl" if nixl_bytes else "formula",
         })
         if shape is not None:
             attrs["baton.kv.block_size"] = shape.block_size
@@ -314,7 +316,8 @@ class NixlConnector(_VllmNixlConnector):
         if rec.note.request_id and not failed:
             post_fact(rec.note.request_id, KvTransferFact(
                 connector="nixl", kv_bytes=kv_bytes, expected_bytes=expected, transfer_ms=transfer_ms,
-                wait_ms=wait_ms, timing=str(attrs["baton.kv.timing"]), prompt_tokens=rec.note.prompt_tokens))
+                wait_ms=wait_ms, timing=str(attrs["baton.kv.timing"]), prompt_tokens=rec.note.prompt_tokens,
+                bytes_source=str(attrs["baton.kv.bytes_source"])))
 
     def _baton_held(self, note: _Note) -> None:
         done_ns = time.time_ns()

@@ -283,17 +283,20 @@ class KvTransferFact:
     wait_ms: float | None = None
     timing: str | None = None
     prompt_tokens: int | None = None
+    bytes_source: str | None = None
+    """``nixl``: NIXL's own count of the bytes moved; ``formula``: blocks x block bytes (NIXL reported none)."""
 
     def to_json(self) -> dict[str, Any]:
         return {"connector": self.connector, "kv_bytes": self.kv_bytes, "expected_bytes": self.expected_bytes,
                 "transfer_ms": self.transfer_ms, "wait_ms": self.wait_ms, "timing": self.timing,
-                "prompt_tokens": self.prompt_tokens}
+                "prompt_tokens": self.prompt_tokens, "bytes_source": self.bytes_source}
 
     @classmethod
     def from_json(cls, obj: Any) -> KvTransferFact:
         o = _object(obj)
         return cls(_str(o, "connector") or "nixl", _int(o, "kv_bytes"), _int(o, "expected_bytes"),
-                   _num(o, "transfer_ms"), _num(o, "wait_ms"), _str(o, "timing"), _int(o, "prompt_tokens"))
+                   _num(o, "transfer_ms"), _num(o, "wait_ms"), _str(o, "timing"), _int(o, "prompt_tokens"),
+                   _str(o, "bytes_source"))
 
 
 @dataclass(frozen=True, slots=True)

@@ -132,7 +132,9 @@ def test_a_pull_is_a_span_below_the_handoff_with_nixls_bytes_and_time(spans, pos
     assert span.end_time - span.start_time <= 2_000_000
     assert posted == [("feedface", KvTransferFact(
         connector="nixl", kv_bytes=262144, expected_bytes=300 * 1024, transfer_ms=pytest.approx(2.0),
-        wait_ms=pytest.approx(a["baton.kv.wait_ms"]), timing="nixl_telemetry", prompt_tokens=300))]
+        wait_ms=pytest.approx(a["baton.kv.wait_ms"]), timing="nixl_telemetry", prompt_tokens=300,
+        bytes_source="nixl"))]
+    assert a["baton.kv.bytes_source"] == "nixl"
     assert not c._baton_recv  # nothing left behind
 
 
@@ -144,6 +146,7 @@ def test_without_nixl_telemetry_the_worker_clock_times_the_pull(spans, posted) -
     (span,) = spans.get_finished_spans()
     assert span.attributes["baton.kv.timing"] == "worker_clock"
     assert span.attributes["baton.kv.bytes"] == 2 * 128 * SHAPE.bytes_per_token  # whole blocks
+    assert span.attributes["baton.kv.bytes_source"] == "formula"  # NIXL counted nothing: said so
     assert span.attributes["baton.kv.transfer_ms"] == span.attributes["baton.kv.wait_ms"]
 
 
