@@ -255,7 +255,8 @@ class Catalogue:
     def update_model(self, actor: Actor, model_id: uuid.UUID, changes: ModelChanges, *,
                      expect: Precondition | None = None) -> ModelView:
         """Changing the source, shape or serving settings re-renders the model's deployments (a reconcile
-        follows). A model with deployments keeps its kind (a P/D deployment cannot serve embeddings)."""
+        follows) and drops every gateway's cached grants. A model with deployments keeps its kind (a P/D
+        deployment cannot serve embeddings)."""
         values = changes.items()
         with self.db.system() as uow:
             row = uow.models.require(model_id)
@@ -274,6 +275,8 @@ class Catalogue:
             out = ModelView.of(row)
         if values:
             self.notify.reconcile("model changed")
+            # every gateway's cached grants carry the model's context, kind and tool-call capability
+            self.notify.invalidate("all", None)
         return out
 
     def delete_model(self, actor: Actor, model_id: uuid.UUID, *, expect: Precondition | None = None) -> None:

@@ -10,6 +10,7 @@ import openai
 import pytest
 
 from baton.core.db import Database
+from baton.core.settings import Settings
 from tests.integration.gateway.conftest import (
     Catalogue,
     MakeTenant,
@@ -19,6 +20,7 @@ from tests.integration.gateway.conftest import (
     wait_for,
 )
 from tests.integration.gateway.stub_upstream import EMBED_DIMS, EMBED_TOKENS_PER_INPUT
+from tests.integration.gateway.test_gateway import EVENT_S
 
 TOOLS = [{"type": "function", "function": {"name": "get_weather", "description": "Weather in a city",
                                            "parameters": {"type": "object", "properties": {"city": {"type": "string"}},
@@ -119,3 +121,37 @@ def test_tool_calls_need_a_tool_call_parser(
     for choice in (openai.NOT_GIVEN, "required", named):  # a model with a parser
         client.chat.completions.create(model=catalogue.tools, messages=HI, tools=TOOLS, tool_choice=choice)
         assert httpx.get(f"{stub_url}/_last").json()["body"]["tools"] == TOOLS
+
+
+def test_a_catalogue_change_reaches_every_gateways_cached_grants(
+    gateway_url: str, catalogue: Catalogue, make_tenant: MakeTenant, db: Database, settings: Settings
+) -> None:
+    """The key's grants are cached for 30 s; a model whose tool-call parser the operator removes is refused
+    tool calls at once (the catalogue drops every gateway's cached grants), and accepted again when it is back."""
+    import redis
+
+    from baton.control.catalogue import Catalogue as CatalogueService
+    from baton.control.catalogue import ModelChanges
+    from baton.control.services import Actor, RedisNotifier
+
+    name = catalogue.tools
+    key = make_tenant([name])
+    client = openai_client(gateway_url, key)
+    client.chat.completions.create(model=name, messages=HI, tools=TOOLS)  # the grant is cached now
+    with db.system() as uow:
+        model_id = uow.models.by_name(name).id  # type: ignore[union-attr]
+    service = CatalogueService(settings, db, RedisNotifier(redis.Redis.from_url(settings.redis.url), lambda _: None))
+
+    def refused() -> bool:
+        try:
+            client.chat.completions.create(model=name, messages=HI, tools=TOOLS)
+        except openai.BadRequestError as err:
+            return err.param == "tool_choice"
+        return False
+
+    try:
+        service.update_model(Actor("test"), model_id, ModelChanges(tool_call_parser=""))
+        wait_for(refused, timeout=EVENT_S)
+    finally:
+        service.update_model(Actor("test"), model_id, ModelChanges(tool_call_parser="hermes"))
+    wait_for(lambda: not refused(), timeout=EVENT_S)
