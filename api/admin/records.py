@@ -8,6 +8,7 @@ from typing import Annotated
 
 from fastapi import APIRouter, Query
 
+from baton.control.records import RequestFilter, request_records
 from baton.core import models as m
 
 from .deps import Admin, Ctx, Paging
@@ -55,12 +56,11 @@ def list_requests(
     trace_id: Annotated[str | None, Query(max_length=32)] = None,
 ) -> Page[RequestPublic]:
     """Request records (timings, KV handoff, recovery steps, trace id), newest first."""
-    with ctx.db.system() as uow:
-        stmt = uow.requests.query(tenant_id=tenant_id, model=model, status=status, since=since,
-                                  deployment=deployment, trace_id=trace_id)
-        rows, total = uow.requests.page(stmt, limit=paging.limit, offset=paging.offset)
-        data = [RequestPublic.model_validate(r) for r in rows]
-    return Page(data=data, count=total, limit=paging.limit, offset=paging.offset)
+    where = RequestFilter(tenant_id=tenant_id, model=model, status=status, since=since, deployment=deployment,
+                          trace_id=trace_id)
+    page = request_records(ctx.db, where, limit=paging.limit, offset=paging.offset,
+                           view=RequestPublic.model_validate)
+    return Page(data=list(page.items), count=page.total, limit=page.limit, offset=page.offset)
 
 
 @router.get("/audit", response_model=Page[AuditPublic], tags=["audit"])

@@ -42,6 +42,7 @@ from baton.api.console.routes import ConsoleRoute, Ctx, OperatorUser
 from baton.control.catalogue import DeploymentView
 from baton.control.planning import PlanRequest
 from baton.control.policies import PolicyChanges
+from baton.control.records import RequestFilter, request_records
 from baton.control.services import Actor
 from baton.control.views import Precondition
 from baton.core import models as m
@@ -279,12 +280,11 @@ def list_requests(
     trace_id: Annotated[str | None, Query(max_length=32)] = None,
 ) -> Page[RequestPublic]:
     """Request records of every tenant (timings, KV handoff, recovery steps, trace id), newest first."""
-    with ctx.db.system() as uow:
-        stmt = uow.requests.query(tenant_id=tenant_id, model=model, status=status, since=since,
-                                  deployment=deployment, trace_id=trace_id)
-        rows, total = uow.requests.page(stmt, limit=paging.limit, offset=paging.offset)
-        data = [RequestPublic.model_validate(r) for r in rows]
-    return Page(data=data, count=total, limit=paging.limit, offset=paging.offset)
+    where = RequestFilter(tenant_id=tenant_id, model=model, status=status, since=since, deployment=deployment,
+                          trace_id=trace_id)
+    page = request_records(ctx.db, where, limit=paging.limit, offset=paging.offset,
+                           view=RequestPublic.model_validate)
+    return Page(data=list(page.items), count=page.total, limit=page.limit, offset=page.offset)
 
 
 @router.get("/jobs", response_model=Page[JobPublic])
