@@ -62,30 +62,36 @@ def _idle(d: dict[str, Any]) -> str:
             f"{_met(s['met'])}).\n")
 
 
+def _table(cols: list[str], cells: list[str]) -> str:
+    """A one-row Markdown table."""
+    return f"| {' | '.join(cols)} |\n|{'---|' * len(cols)}\n| {' | '.join(cells)} |\n"
+
+
 def _ingest(d: dict[str, Any]) -> str:
     c = d["config"]
-    return ("| outcomes | outage | records/s (outage excluded) | overall/s | lost | duplicated | failed flushes "
-            "(retried) | target | met |\n|---|---|---|---|---|---|---|---|---|\n"
-            f"| {c['records']:,} | {c['outage_s']:g} s | **{_num(d['records_per_s'], 0)}** | "
-            f"{_num(d['overall_per_s'], 0)} | {d['lost']} | {d['duplicated']} | {d['failed_flushes']} | "
-            f">= {d['target']['records_per_s']:,}/s, 0 lost | {_met(d['met'])} |\n")
+    return _table(
+        ["outcomes", "outage", "records/s (outage excluded)", "overall/s", "lost", "duplicated",
+         "failed flushes (retried)", "target", "met"],
+        [f"{c['records']:,}", f"{c['outage_s']:g} s", f"**{_num(d['records_per_s'], 0)}**",
+         _num(d["overall_per_s"], 0), str(d["lost"]), str(d["duplicated"]), str(d["failed_flushes"]),
+         f">= {d['target']['records_per_s']:,}/s, 0 lost", _met(d["met"])])
 
 
 def _ratelimit(d: dict[str, Any]) -> str:
     c, lat = d["config"], d["latency_ms"]
-    return ("| processes | in flight each | decisions | decisions/s | latency p50 | p99 | target | met |\n"
-            "|---|---|---|---|---|---|---|---|\n"
-            f"| {c['processes']} | {c['concurrency']} | {d['decisions']:,} | **{_num(d['decisions_per_s'], 0)}** | "
-            f"{_num(lat['p50'], 2)} ms | {_num(lat['p99'], 2)} ms | >= {d['target']['decisions_per_s']:,}/s | "
-            f"{_met(d['met'])} |\n")
+    return _table(
+        ["processes", "in flight each", "decisions", "decisions/s", "latency p50", "p99", "target", "met"],
+        [str(c["processes"]), str(c["concurrency"]), f"{d['decisions']:,}", f"**{_num(d['decisions_per_s'], 0)}**",
+         f"{_num(lat['p50'], 2)} ms", f"{_num(lat['p99'], 2)} ms", f">= {d['target']['decisions_per_s']:,}/s",
+         _met(d["met"])])
 
 
 def _revoke(d: dict[str, Any]) -> str:
     c, s = d["config"], d["seen_by_all_ms"]
-    return ("| gateway processes | revocations | seen by all: p50 | p99 | max | missed | target | met |\n"
-            "|---|---|---|---|---|---|---|---|\n"
-            f"| {c['gateways']} | {c['revocations']} | {_num(s['p50'])} ms | **{_num(s['p99'])} ms** | "
-            f"{_num(s['max'])} ms | {d['missed']} | p99 < {d['target']['p99_ms']:g} ms | {_met(d['met'])} |\n")
+    return _table(
+        ["gateway processes", "revocations", "seen by all: p50", "p99", "max", "missed", "target", "met"],
+        [str(c["gateways"]), str(c["revocations"]), f"{_num(s['p50'])} ms", f"**{_num(s['p99'])} ms**",
+         f"{_num(s['max'])} ms", str(d["missed"]), f"p99 < {d['target']['p99_ms']:g} ms", _met(d["met"])])
 
 
 RENDERERS: dict[str, Callable[[dict[str, Any]], str]] = {
