@@ -1,12 +1,14 @@
 """``baton bench ingest``: usage and request records per second into Postgres, with an outage in the middle.
 
 The gateway's own :class:`~baton.api.gateway.metering.UsageMeter` (batched writes off the request path,
-retried with backoff) is fed completed-request outcomes as fast as it accepts them. Halfway through, the
-database goes away for ``outage_s`` (a TCP relay between the meter and Postgres drops every connection
-and refuses new ones, :class:`~baton.bench.tcprelay.TcpRelay`); the meter keeps what it is given while
-its buffer has room. At the end every outcome must be in Postgres exactly once: one request record each,
-one usage record for each metered one. A full buffer is back-pressure (the gateway answers 503 to new
-requests then), counted here as time waited, never as a record dropped.
+retried with backoff, connected as the gateway is: the service role, under row-level security) is fed
+completed-request outcomes as fast as it accepts them. Halfway through, the database goes away for
+``outage_s`` (a TCP relay between the meter and Postgres, in a process of its own so that relaying costs
+the meter no CPU, drops every connection and refuses new ones, :class:`~baton.bench.tcprelay.TcpRelay`);
+the meter keeps what it is given while its buffer has room. At the end every outcome must be in Postgres
+exactly once: one request record each, one usage record for each metered one. A full buffer is
+back-pressure (the gateway answers 503 to new requests then), counted here as time waited, never as a
+record dropped.
 
 Targets (DESIGN.md): >= 20,000 records/s, batched; 0 lost across a Postgres outage.
 """
@@ -31,7 +33,7 @@ class IngestConfig:
     """Outcomes fed to the meter (each is a request record and a usage record)."""
     outage_s: float = 5.0
     """How long Postgres is away, starting when half the outcomes have been fed (0: no outage)."""
-    batch_size: int = 500
+    batch_size: int = 1000
     flush_interval_s: float = 0.2
     max_buffer: int = 100_000
     db_url: str = DEFAULT_DB_URL
@@ -86,7 +88,7 @@ def run_ingest(cfg: IngestConfig, *, log: Any = print, progress: Any = None) -> 
     from sqlalchemy import text
     from sqlalchemy.engine import make_url
 
-    from baton.bench.tcprelay import TcpRelay
+    from baton.bench.tcprelay import RelayProcess
     from baton.core import models as m
     from baton.core.db import Database, make_engine
     from baton.core.settings import load_settings
@@ -95,10 +97,10 @@ def run_ingest(cfg: IngestConfig, *, log: Any = print, progress: Any = None) -> 
     migrate(cfg.db_url)
     settings = load_settings(db={"url": cfg.db_url})
     owner = Database.for_owner(settings)
-    url = make_url(cfg.db_url)
-    relay = TcpRelay((url.host or "127.0.0.1", url.port or 5432))
-    relayed = Database(make_engine(url.set(port=relay.port).render_as_string(hide_password=False), pool_size=2,
-                                   statement_timeout_ms=5000))
+    url = make_url(settings.db.service_url())  # the gateway's role: row-level security applies
+    relay = RelayProcess((url.host or "127.0.0.1", url.port or 5432))
+    relayed = Database(make_engine(url.set(port=relay.port).render_as_string(hide_password=False),
+                                   pool_size=settings.db.pool_size, statement_timeout_ms=5000))
     try:
         with owner.system() as uow:
             tenant = uow.tenants.add(m.Tenant(name=f"ingest-{uuid.uuid4().hex[:8]}", display_name="baton bench"))
@@ -126,7 +128,8 @@ def run_ingest(cfg: IngestConfig, *, log: Any = print, progress: Any = None) -> 
     return {
         "benchmark": "ingest",
         "config": asdict(cfg),
-        "method": "UsageMeter fed Outcome objects in one event loop, writing through a TCP relay to Postgres; "
+        "method": "UsageMeter fed Outcome objects in one event loop, writing as the service role through a TCP "
+                  "relay (its own process) to Postgres; "
                   "records/s = outcomes / (time until all were written - the outage); each outcome is one "
                   "request record and one usage record",
         "records_per_s": per_s,

@@ -563,7 +563,7 @@ def ingest(
     records: Annotated[int, typer.Option("--records", min=1, help="Outcomes fed to the usage meter.")] = 100_000,
     outage_s: Annotated[float, typer.Option("--outage", min=0, help="Seconds Postgres is away, halfway (0: none).")]
     = 5.0,
-    batch_size: Annotated[int, typer.Option("--batch-size", min=1, help="Records per write.")] = 500,
+    batch_size: Annotated[int, typer.Option("--batch-size", min=1, help="Records per write.")] = 1000,
     db_url: Annotated[str, typer.Option("--db-url", help="Owner URL of the bench database (migrated here).")]
     = "postgresql+psycopg://postgres@127.0.0.1:5432/baton_bench",
     out: OutOpt = None,

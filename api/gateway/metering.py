@@ -8,10 +8,12 @@ that reached the engine (``usage_records``, idempotent on ``request_id``) and on
 steps taken (:class:`baton.core.contracts.RecoveryStep`) and the decode server's measured phases
 (:class:`baton.core.contracts.Phase`, merged from its facts by ``enrich``), in one system-scope transaction.
 
-If Postgres is unavailable the batch stays in the buffer and is retried with backoff; because both
-inserts are idempotent a retry after an ambiguous failure writes nothing twice. The buffer is bounded
-(``max_buffer``): when it is full the gateway refuses new requests with 503 (:attr:`accepting`)
-instead of serving requests it could not meter. On shutdown the buffer is flushed (bounded wait).
+A batch goes in through ``COPY`` (see the repositories' ``insert_many``), and two batches are written
+at once (``writers``), so one is formatted while another commits. If Postgres is unavailable the batch
+goes back to the buffer and is retried with backoff; because both inserts are idempotent (``ON CONFLICT
+DO NOTHING`` on ``request_id`` and ``id``) a retry after an ambiguous failure writes nothing twice. The
+buffer is bounded (``max_buffer``): when it is full the gateway refuses new requests with 503
+(:attr:`accepting`) instead of serving requests it could not meter. On shutdown the buffer is flushed (bounded wait).
 """
 
 from __future__ import annotations
@@ -105,7 +107,7 @@ class Outcome:
 
 
 def write_outcomes(db: Database, outcomes: list[Outcome]) -> int:
-    """Writes a batch in one transaction; returns the usage rows that were new."""
+    """Writes a batch in one transaction; returns the usage rows that were new (idempotent)."""
     usage: list[dict[str, Any]] = []
     records: list[dict[str, Any]] = []
     for o in outcomes:
@@ -125,10 +127,11 @@ class UsageMeter:
         self,
         db: Database,
         *,
-        batch_size: int = 500,
+        batch_size: int = 1000,
         flush_interval: float = 0.2,
         max_buffer: int = 100_000,
         max_backoff: float = 5.0,
+        writers: int = 2,
         enrich: Any = None,
         observe: Any = None,
     ) -> None:
@@ -141,6 +144,8 @@ class UsageMeter:
         self._interval = flush_interval
         self._max = max_buffer
         self._max_backoff = max_backoff
+        self._writers = max(writers, 1)
+        self._writing = 0  # outcomes taken from the buffer by a write in progress
         self._buffer: deque[Outcome] = deque()
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
@@ -149,11 +154,12 @@ class UsageMeter:
 
     @property
     def accepting(self) -> bool:
-        return len(self._buffer) < self._max
+        return len(self._buffer) + self._writing < self._max
 
     @property
     def pending(self) -> int:
-        return len(self._buffer)
+        """Outcomes not written yet (queued or being written)."""
+        return len(self._buffer) + self._writing
 
     def record(self, outcome: Outcome) -> None:
         """Queues one outcome. Never blocks and never raises: safe in ``finally`` of a cancelled task."""
@@ -179,27 +185,18 @@ class UsageMeter:
             log.error("%d request outcomes could not be written before shutdown", len(self._buffer))
 
     async def flush(self) -> bool:
-        """Writes one batch; False if the database refused (the batch stays queued)."""
+        """Writes one batch; False if the database refused (the batch goes back to the queue's head)."""
         if not self._buffer:
             return True
-        batch = [self._buffer[i] for i in range(min(self._batch, len(self._buffer)))]
-        if self._enrich is not None:
-            try:
-                await self._enrich(batch)
-            except Exception as exc:
-                log.debug("request facts not merged (%s)", type(exc).__name__)
+        batch = [self._buffer.popleft() for _ in range(min(self._batch, len(self._buffer)))]
+        self._writing += len(batch)
         try:
-            written = await asyncio.to_thread(write_outcomes, self._db, batch)
-        except errors.BatonError as exc:
-            self.failures += 1
-            log.warning("usage batch of %d not written yet (%s); will retry", len(batch), exc.code)
+            written = await self._write(batch)
+        finally:
+            self._writing -= len(batch)
+        if written is None:
+            self._buffer.extendleft(reversed(batch))
             return False
-        except Exception as exc:  # unexpected: keep the data, retry later
-            self.failures += 1
-            log.error("usage batch of %d not written yet (%s); will retry", len(batch), type(exc).__name__)
-            return False
-        for _ in range(len(batch)):
-            self._buffer.popleft()
         self.written += written
         if self._observe is not None:
             for outcome in batch:
@@ -209,6 +206,26 @@ class UsageMeter:
                     log.debug("metrics not observed (%s)", type(exc).__name__)
         return True
 
+    async def _write(self, batch: list[Outcome]) -> int | None:
+        """Usage rows written, or None when the batch must be tried again."""
+        if self._enrich is not None:
+            try:
+                await self._enrich(batch)
+            except Exception as exc:
+                log.debug("request facts not merged (%s)", type(exc).__name__)
+        try:
+            return await asyncio.to_thread(write_outcomes, self._db, batch)
+        except asyncio.CancelledError:
+            self._buffer.extendleft(reversed(batch))  # stop() drains it
+            raise
+        except errors.BatonError as exc:
+            self.failures += 1
+            log.warning("usage batch of %d not written yet (%s); will retry", len(batch), exc.code)
+        except Exception as exc:  # unexpected: keep the data, retry later
+            self.failures += 1
+            log.error("usage batch of %d not written yet (%s); will retry", len(batch), type(exc).__name__)
+        return None
+
     async def _run(self) -> None:
         backoff = self._interval
         while True:
@@ -217,7 +234,9 @@ class UsageMeter:
             self._wake.clear()
             ok = True
             while ok and self._buffer:
-                ok = await self.flush()
+                # Up to ``writers`` batches at once: one is built and sent while another commits.
+                n = min(self._writers, -(-len(self._buffer) // self._batch))
+                ok = all(await asyncio.gather(*(self.flush() for _ in range(n))))
                 if ok and len(self._buffer) < self._batch:
                     break
             backoff = self._interval if ok else min(max(backoff * 2, 0.2), self._max_backoff)

@@ -79,7 +79,7 @@ class GatewaySettings(BaseModel):
         "is reusing at that moment (the client would see a reset before any response)."
     )
     usage_flush_interval_s: float = Field(0.2, gt=0, description="Usage batch flush interval.")
-    usage_batch_size: int = Field(500, ge=1, description="Usage records per batch insert.")
+    usage_batch_size: int = Field(1000, ge=1, description="Usage records per batch write.")
     shutdown_grace_s: float = Field(
         330.0, gt=0, description="On SIGTERM, how long open streams may finish before the process exits "
         "(longer than the upstream timeout, so no accepted stream is cut)."

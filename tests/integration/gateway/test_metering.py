@@ -69,6 +69,19 @@ def test_outcomes_become_one_usage_row_and_one_request_record_each(db: Database)
         assert rec.itl_p50_ms == pytest.approx(10, abs=0.5) and rec.itl_p99_ms == pytest.approx(20, abs=0.5)
 
 
+def test_a_batch_already_written_in_part_is_written_again_without_duplicates(db: Database) -> None:
+    tid = _tenant(db)
+    done, new = _outcome(tid), _outcome(tid)
+    assert write_outcomes(db, [done]) == 1
+    assert write_outcomes(db, [done, new, new]) == 1  # the batch's own repeat counts once too
+    assert _count(db, tid) == (2, 2)
+    with db.system() as uow:  # two batches in one transaction: the second does not see the first's rows
+        assert uow.usage.insert_many([_outcome(tid).rows()[0]]) == 1  # type: ignore[list-item]
+        assert uow.usage.insert_many([_outcome(tid).rows()[0]]) == 1  # type: ignore[list-item]
+        uow.commit()
+    assert _count(db, tid) == (4, 2)
+
+
 async def _until(check: Callable[[], bool], timeout_s: float = 30.0) -> None:
     """Polls ``check`` (a loaded machine may take its time; only the outcome is asserted)."""
     deadline = time.monotonic() + timeout_s
