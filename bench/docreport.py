@@ -1,8 +1,10 @@
 """``baton bench report``: the tables of ``docs/benchmarks.md`` written from the committed JSON results.
 
 A generated block in the document sits between ``<!-- report:NAME -->`` and ``<!-- /report -->``; NAME is
-the JSON beside the document (``docs/bench-NAME.json``) and picks the renderer (the JSON's ``benchmark``
-field). Everything inside a block is this module's output, byte for byte, so a figure in such a block
+the JSON beside the document (``docs/bench-NAME.json``; ``docs/NAME.json`` for a chaos run, NAME
+``chaos-...``) and the JSON's ``benchmark`` field picks the renderer (NAME does for older results without
+one): ``serve``, ``gateway``, ``handoff``, ``pd``, ``path``, ``recovery``, ``chaos``, ``idle``, ``ingest``,
+``ratelimit``, ``revoke``. Everything inside a block is this module's output, byte for byte, so a figure in such a block
 always comes from a result that says where it came from (its ``provenance``: commit, command, machine,
 load). :func:`check` is what the test suite runs: the document must equal :func:`render_document`'s
 output for the committed JSON.
@@ -12,6 +14,7 @@ from __future__ import annotations
 
 import json
 import re
+from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -62,9 +65,14 @@ def _idle(d: dict[str, Any]) -> str:
             f"{_met(s['met'])}).\n")
 
 
+def _rows(cols: list[str], rows: list[list[str]]) -> str:
+    """A Markdown table."""
+    return f"| {' | '.join(cols)} |\n|{'---|' * len(cols)}\n" + "".join(f"| {' | '.join(r)} |\n" for r in rows)
+
+
 def _table(cols: list[str], cells: list[str]) -> str:
     """A one-row Markdown table."""
-    return f"| {' | '.join(cols)} |\n|{'---|' * len(cols)}\n| {' | '.join(cells)} |\n"
+    return _rows(cols, [cells])
 
 
 def _ingest(d: dict[str, Any]) -> str:
@@ -94,21 +102,386 @@ def _revoke(d: dict[str, Any]) -> str:
          f"{_num(s['max'])} ms", str(d["missed"]), f"p99 < {d['target']['p99_ms']:g} ms", _met(d["met"])])
 
 
+# -- helpers of the request-level benchmarks (serve, gateway, pd, path, ...) ------------------------------
+
+
+def _signed(v: Any, digits: int = 1) -> str:
+    if not isinstance(v, int | float):
+        return "n/a"
+    return f"{v:+,.{digits}f}"
+
+
+def _ms(stat: dict[str, Any] | None, key: str, digits: int = 1) -> str:
+    """One figure of a :func:`baton.bench.stats.describe` block (``{"p50": ..., "p99": ...}``)."""
+    return _num((stat or {}).get(key), digits)
+
+
+def _pct(share: Any) -> str:
+    """A share (0..1) as a percentage."""
+    return f"{100 * share:.0f}%" if isinstance(share, int | float) else "n/a"
+
+
+def _rate(v: Any) -> str:
+    """An offered request rate: a number, or ``inf`` (a string in the JSON)."""
+    return f"{v:g}" if isinstance(v, int | float) else str(v)
+
+
+def _div(a: Any, b: Any, scale: float = 1.0) -> float | None:
+    if not isinstance(a, int | float) or not isinstance(b, int | float) or not b:
+        return None
+    return a / b * scale
+
+
+def _span(p50: Any, worst: Any, digits: int) -> str:
+    """``p50 s / max s`` (seconds), or n/a."""
+    if not isinstance(p50, int | float) and not isinstance(worst, int | float):
+        return "n/a"
+    return f"{_num(p50, digits)} s / {_num(worst, digits)} s"
+
+
+def _okfail(s: dict[str, Any]) -> str:
+    return f"{s['completed']}/{s['failed']}"
+
+
+def _slo(slo: dict[str, Any]) -> str:
+    return ", ".join(f"{name} <= {ms:g} ms" for name, ms in slo.items())
+
+
+def _verdict(measured: Any, target: float, *, at_most: bool = True) -> str:
+    """Whether ``measured`` meets a target the result states without a verdict of its own."""
+    if not isinstance(measured, int | float):
+        return "n/a"
+    return _met(measured <= target if at_most else measured >= target)
+
+
+def _judged(targets: dict[str, Any]) -> str:
+    """A result's ``targets`` block (``{name: {"measured", "target", "met"}}``) as a table."""
+    rows = [[f"`{name}`", _num(r["measured"], 2), f"{r['target']:g}", "n/a" if r["met"] is None else _met(r["met"])]
+            for name, r in targets.items()]
+    return _rows(["target", "measured", "limit", "met"], rows) if rows else ""
+
+
+# -- baton bench serve -----------------------------------------------------------------------------------
+
+
+def _serve(d: dict[str, Any]) -> str:
+    c = d["config"]
+    rows = [[_rate(r["request_rate"]), _okfail(r), _num(r["request_throughput"], 2), _num(r["output_throughput"], 0),
+             _ms(r["ttft_ms"], "p50"), _ms(r["ttft_ms"], "p99"), _ms(r["tpot_ms"], "p50", 2),
+             _ms(r["tpot_ms"], "p99", 2),
+             _ms(r["itl_ms"], "p50", 3), _ms(r["itl_ms"], "p99", 3), _ms(r["e2el_ms"], "p50"),
+             f"{_num(r['goodput'], 2)} req/s ({_pct(r.get('goodput_fraction'))})" if "goodput" in r else "n/a"]
+            for r in d["runs"]]
+    conc = f", at most {c['max_concurrency']} in flight" if c.get("max_concurrency") else ""
+    head = (f"`{c['model']}`, dataset `{c['dataset']}`, {c['input_len']:,} prompt tokens, {c['output_len']} output "
+            f"tokens, {c['num_prompts']} requests per rate{conc}; ms:\n\n")
+    slo = next((r["slo_ms"] for r in d["runs"] if r.get("slo_ms")), None)
+    tail = f"\nGoodput counts requests within the SLO ({_slo(slo)}); a failed request is a miss.\n" if slo else ""
+    return head + _rows(["rate (req/s)", "ok/fail", "req/s", "output tok/s", "TTFT p50", "TTFT p99", "TPOT p50",
+                         "TPOT p99", "ITL p50", "ITL p99", "E2E p50", "goodput (within SLO)"], rows) + tail
+
+
+# -- baton bench gateway ---------------------------------------------------------------------------------
+
+
+def _gateway(d: dict[str, Any]) -> str:
+    c, rounds = d["config"], d.get("rounds") or []
+    parts = [_gateway_upstream(c)]
+    for r in rounds:
+        parts.append(f"Concurrency {r['concurrency']}, {r['requests_per_arm']:,} requests per arm ({c['input_len']} "
+                     f"prompt tokens, {c['output_len']} output tokens each), ms:\n\n" + _gateway_round(r)
+                     + _gateway_ratios(r.get("ratios") or {}))
+    if d.get("throughput"):
+        parts.append(f"Throughput at concurrency {c['throughput_concurrency']}:\n\n"
+                     + _gateway_throughput(d["throughput"]))
+    parts.append(_gateway_targets(d.get("headline") or {}, rounds))
+    return "\n".join(p for p in parts if p)
+
+
+def _gateway_upstream(c: dict[str, Any]) -> str:
+    if c["upstream"] != "zero":
+        at = f" at {c['engine_url']}" if c.get("engine_url") else ""
+        return f"Upstream: a vLLM engine (`{c['model_dir']}`{at}).\n"
+    if c.get("stub_batched"):
+        how = " (each stream written whole: the ITL figures time the client's parser, not the relay)"
+    elif isinstance(c.get("stub_token_gap_ms"), int | float):
+        how = f" (each token its own write, {c['stub_token_gap_ms']:g} ms apart)"
+    else:
+        how = ""
+    return f"Upstream: the zero-latency stub{how}.\n"
+
+
+def _gateway_round(r: dict[str, Any]) -> str:
+    rows = []
+    for name, a in r["arms"].items():
+        add = r["added"].get(name)
+        added = ([_signed(add["ttft_ms"]["p50"]), _signed(add["ttft_ms"]["p99"]), _signed(add["itl_ms"]["p50"], 3),
+                  _signed(add["itl_ms"]["p99"], 3)] if add else [""] * 4)
+        cpu = a.get("proxy_cpu_ms_per_request")
+        rows.append([name, _okfail(a), _ms(a["ttft_ms"], "p50", 2), _ms(a["ttft_ms"], "p99", 2),
+                     _ms(a["itl_ms"], "p50", 3), _ms(a["itl_ms"], "p99", 3), *added,
+                     "" if cpu is None else f"{_num(cpu, 2)} ms"])
+    return _rows(["arm", "ok/fail", "TTFT p50", "TTFT p99", "ITL p50", "ITL p99", "added TTFT p50", "added TTFT p99",
+                  "added ITL p50", "added ITL p99", "proxy CPU / request"], rows)
+
+
+def _gateway_ratios(ratios: dict[str, Any]) -> str:
+    lines = []
+    for name, v in ratios.items():
+        if name.endswith("_over_litellm"):
+            lines.append(f"{name.removesuffix('_over_litellm')} / LiteLLM: added TTFT p50 {_num(v['ttft_p50'], 2)}, "
+                         f"p99 {_num(v['ttft_p99'], 2)}, added E2E p50 {_num(v['e2el_p50'], 2)}, CPU per request "
+                         f"{_num(v['cpu_per_request'], 2)}.")
+        elif name == "tracing_overhead":
+            lines.append(f"Tracing on minus off: added TTFT p50 {_signed(v['ttft_p50_ms'], 2)} ms, E2E p50 "
+                         f"{_signed(v['e2el_p50_ms'], 2)} ms, CPU {_signed(v['cpu_ms_per_request'], 2)} ms "
+                         "per request.")
+    return "\n" + "\n\n".join(lines) + "\n" if lines else ""
+
+
+def _gateway_throughput(tp: dict[str, Any]) -> str:
+    rows = [[name, f"{a['completed']:,}/{a['requests']:,}", _num(a["requests_per_s"], 0),
+             "" if a.get("proxy_cpu_s") is None else _num(a.get("requests_per_cpu_s"), 0),
+             "" if a.get("rss_mb") is None else f"{_num(a['rss_mb'], 0)} MB", _ms(a["ttft_ms"], "p50"),
+             _ms(a["ttft_ms"], "p99")] for name, a in tp.items()]
+    return _rows(["arm", "ok/sent", "req/s", "req per proxy CPU-second", "proxy RSS", "TTFT p50", "TTFT p99"], rows)
+
+
+def _gateway_targets(h: dict[str, Any], rounds: list[dict[str, Any]]) -> str:
+    """The headline (the concurrency-1 round, or the first, and the throughput phase) against its targets."""
+    t, ratios, rows = h.get("targets") or {}, h.get("ratios") or {}, []
+    for arm in ("baton", "baton-notrace"):
+        a, lite = h.get(arm), ratios.get(f"{arm}_over_litellm")
+        for key, what, digits in (("added_ttft_p50_ms", "added TTFT p50", 2), ("added_itl_p50_ms", "added ITL p50", 3)):
+            if a and key in t:
+                rows.append([f"{arm}: {what}", f"<= {t[key]:g} ms", f"{_signed(a[key], digits)} ms",
+                             _verdict(a[key], t[key])])
+        if lite and "baton_over_litellm" in t:
+            rows.append([f"{arm} / LiteLLM, added TTFT p50", f"<= {t['baton_over_litellm']:g}",
+                         _num(lite["ttft_p50"], 2), _verdict(lite["ttft_p50"], t["baton_over_litellm"])])
+    tp = h.get("throughput") or {}
+    tt = tp.get("targets") or {}
+    if "requests_per_cpu_s" in tt:
+        cps = tp["requests_per_cpu_s"]
+        rows.append(["baton: requests per gateway CPU-second", f">= {tt['requests_per_cpu_s']:,}", _num(cps, 0),
+                     _verdict(cps, tt["requests_per_cpu_s"], at_most=False)])
+    if "rss_mb" in tt:
+        rows.append(["baton: gateway RSS", f"<= {tt['rss_mb']:g} MB", f"{_num(tp['rss_mb'], 0)} MB",
+                     _verdict(tp["rss_mb"], tt["rss_mb"])])
+    if not rows:
+        return ""
+    first = rounds[0]["concurrency"] if rounds else "?"
+    conc = next((r["concurrency"] for r in rounds if r["concurrency"] == 1), first)
+    return (f"Targets (latency at concurrency {conc}):\n\n"
+            + _rows(["figure", "target", "measured", "met"], rows))
+
+
+# -- baton bench handoff, baton bench pd -----------------------------------------------------------------
+
+
+def _handoff(d: dict[str, Any]) -> str:
+    t, mem, rows, judged = d.get("target") or {}, d["memcpy"], [], []
+    for s in d["shapes"]:
+        for r in s["by_length"]:
+            at = bool(t) and r["prompt_len"] >= t["prompt_len_min"]
+            met = _verdict(r["efficiency"], t["efficiency"], at_most=False) if at else ""
+            judged += [met] if at else []
+            rows.append([s["shape"], f"{r['prompt_len']:,}", _num(_div(r["kv_bytes"], 1e6), 2),
+                         _num(r["nixl_xfer_ms"], 3), _num(r["ideal_memcpy_ms"], 3), _num(r["efficiency"], 2),
+                         _num(_div(r["kv_bytes"], r["nixl_xfer_ms"], 1e-6), 1), str(r["failed_transfers"]),
+                         f">= {t['efficiency']:g}" if at else "", met])
+    kv = ", ".join(f"`{s['shape']}` {s['kv_bytes_per_token']:,} B of KV per token" for s in d["shapes"])
+    head = (f"memcpy {_num(mem['best_GBps'], 2)} GB/s best ({_num(mem['median_GBps'], 2)} median), link setting "
+            f"{_num(d['link_bandwidth_GBps'], 1)} GB/s; {kv}. Medians of {d['config']['repeats']} requests per length "
+            "(ms; efficiency = ideal / NIXL transfer):\n\n")
+    tail = (f"\nTarget: efficiency >= {t['efficiency']:g} from {t['prompt_len_min']:,} prompt tokens: met in "
+            f"{judged.count('yes')} of {len(judged)} rows.\n" if t else "")
+    return head + _rows(["shape", "prompt tokens", "KV MB", "NIXL transfer", "ideal (memcpy)", "efficiency",
+                         "effective GB/s", "failed transfers", "target", "met"], rows) + tail
+
+
+def _pd(d: dict[str, Any]) -> str:
+    c, rows = d["config"], []
+    for arm, runs in d["arms"].items():
+        for r in runs:
+            s, lg = r["by_kind"]["short"], r["by_kind"]["long"]
+            rows.append([arm, _rate(r["request_rate"]), _okfail(r), _ms(r["ttft_ms"], "p50"), _ms(r["ttft_ms"], "p90"),
+                         _ms(r["ttft_ms"], "p99"), _ms(r["tpot_ms"], "p90", 2), _ms(r["itl_ms"], "p99", 2),
+                         _ms(s["itl_ms"], "p99", 2), _ms(s["ttft_ms"], "p90"), _ms(lg["ttft_ms"], "p90"),
+                         f"{_num(r.get('goodput'), 2)} req/s", _pct(r.get("goodput_fraction"))])
+    head = (f"{c['num_prompts']} requests per arm and rate, {_pct(c['long_fraction'])} with {c['long_len']:,}-token "
+            f"prompts, the rest {c['short_len']:,}, {c['output_len']} output tokens; SLO {_slo(d['slo_ms'])} "
+            "(failures are misses); ms:\n\n")
+    return head + _rows(["arm", "rate", "ok/fail", "TTFT p50", "TTFT p90", "TTFT p99", "TPOT p90", "ITL p99",
+                         "short-prompt ITL p99", "short TTFT p90", "long TTFT p90", "goodput", "within SLO"],
+                        rows) + _pd_prediction(d.get("prediction") or {}, c)
+
+
+def _pd_prediction(pred: dict[str, Any], c: dict[str, Any]) -> str:
+    if not pred:
+        return ""
+    if "error" in pred:
+        return f"\nPlanner: {pred['error']}.\n"
+    hw, pct = pred.get("hardware") or {}, f"p{c.get('slo_percentile', 90):g}"
+    rows = [[_rate(row["request_rate"]), name, _num(k["goodput_two_cores"], 2), _ms(k.get("at_rate"), "ttft_ms"),
+             _ms(k.get("at_rate"), "tpot_ms", 2), "n/a" if not k.get("at_rate") else _met(k["at_rate"]["ok"]),
+             "**yes**" if name == row["recommended"] else ""]
+            for row in pred.get("by_rate", []) for name, k in row["configs"].items()]
+    head = (f"\nPlanner ({'calibrated' if pred.get('calibrated') else 'not calibrated'}: prefill "
+            f"{_num(hw.get('prefill_tokens_per_s'), 0)} tokens/s, decode step {_num(hw.get('decode_step_ms'), 1)} ms):"
+            "\n\n")
+    return head + _rows(["rate", "configuration", "max goodput on 2 cores (req/s)", f"predicted TTFT {pct}",
+                         "predicted TPOT", "within SLO", "recommended"], rows)
+
+
+# -- baton bench path ------------------------------------------------------------------------------------
+
+
+def _path(d: dict[str, Any]) -> str:
+    c1 = d["concurrency"].get("1", {})
+    parts = [_path_latency(d["concurrency"]), _path_saturation(d), _path_hops(c1, d["arms"]),
+             _path_cpu(d.get("cpu_ms_per_request_c1") or {}), _judged(d.get("targets") or {})]
+    return "\n".join(p for p in parts if p)
+
+
+def _path_latency(by_conc: dict[str, Any]) -> str:
+    rows = [[conc, arm, _okfail(e["summary"]), _ms(e["summary"]["ttft_ms"], "p50", 2),
+             _ms(e["summary"]["ttft_ms"], "p99", 2), _signed(e.get("added_ttft_p50_ms"), 2),
+             _ms(e["summary"]["itl_ms"], "p50", 2), _ms(e["summary"]["itl_ms"], "p99", 2),
+             _num(e.get("itl_p50_ratio"), 2)] for conc, block in by_conc.items() for arm, e in block.items()]
+    return _rows(["concurrency", "arm", "ok/fail", "TTFT p50", "TTFT p99", "added TTFT p50", "ITL p50", "ITL p99",
+                  "ITL p50 / engine"], rows)
+
+
+def _path_saturation(d: dict[str, Any]) -> str:
+    vs = d.get("saturation_vs_engine") or {}
+    rows = [[arm, _num(s["output_throughput"], 0), _num(vs.get(arm), 2)]
+            for arm, s in (d.get("saturation") or {}).items()]
+    return _rows(["arm", "output tok/s at saturation", "vs engine"], rows) if rows else ""
+
+
+def _path_hops(c1: dict[str, Any], arms: list[str]) -> str:
+    from baton.bench.path import HOPS
+
+    pd = [a for a in arms if c1.get(a, {}).get("hops_ms_median")]
+    if not pd:
+        return ""
+    seen = {h for a in pd for h in c1[a]["hops_ms_median"]}
+    hops = [h for h in HOPS if h in seen] + sorted(seen - set(HOPS))
+    rows = [[h, *(_num(c1[a]["hops_ms_median"].get(h), 2) for a in pd)] for h in hops]
+    rows.append(["**sum (= TTFT of the median request per hop)**",
+                 *(_num(sum(c1[a]["hops_ms_median"].values()), 2) for a in pd)])
+    return _rows(["hop (median ms, concurrency 1)", *pd], rows)
+
+
+def _path_cpu(cpu: dict[str, dict[str, float]]) -> str:
+    """CPU ms per request of the ten costliest processes, by arm."""
+    if not cpu:
+        return ""
+    labels = list(dict.fromkeys(k for per in cpu.values() for k in per))
+    top = sorted(labels, key=lambda k: -max(per.get(k, 0.0) for per in cpu.values()))[:10]
+    rows = [[label, *(_num(per.get(label), 2) for per in cpu.values())] for label in top]
+    rows.append(["**all processes**", *(_num(sum(per.values()), 2) for per in cpu.values())])
+    return _rows(["CPU ms per request (concurrency 1)", *cpu], rows)
+
+
+# -- baton bench recovery, baton chaos run ---------------------------------------------------------------
+
+
+def _recovery(d: dict[str, Any]) -> str:
+    c, trials, rows = d["config"], d.get("trials") or [], []
+    for topo, arms in d["summary"].items():
+        for arm, s in arms.items():
+            ts = [t for t in trials if t["topology"] == topo and t["arm"] == arm]
+            each = f" ({', '.join(_num(t['recovery_ms']) for t in ts)})" if ts else ""
+            rungs = Counter(str(t["rung"]) for t in ts)
+            served = "; ".join(f"{rung}, {n} of {len(ts)}" for rung, n in rungs.items()) or ", ".join(s["rungs"])
+            equal = _met(s["all_equal_undisturbed"]) + (
+                f", {sum(bool(t['equal_undisturbed']) for t in ts)} of {len(ts)}" if ts else "")
+            rows.append([topo, arm, f"{_num(s['recovery_ms_median'])} ms{each}",
+                         f"{_num(s['fresh_ttft_ms_median'])} ms",
+                         f"{_num(s['ratio_median'], 2)} ({_num(s['ratio_max'], 2)})", f"<= {s['target_ratio']:g}",
+                         _verdict(s["ratio_median"], s["target_ratio"]), served, equal, _met(s["all_completed"])])
+    head = (f"A {c['prompt_len']:,}-token prompt, {c['max_tokens']:,} tokens, the decode replica killed after "
+            f"{c['kill_after']} tokens at the client, {c['repeats']} kills per topology and arm; ratio = kill to next "
+            "token / fresh TTFT, the target on the median:\n\n")
+    return head + _rows(["topology", "arm", "kill to next token: median (each)", "fresh TTFT (median)",
+                         "ratio median (max)", "target", "met", "rung that served", "text = undisturbed",
+                         "all completed"], rows)
+
+
+def _chaos(d: dict[str, Any]) -> str:
+    fired = d.get("faults_fired") or {}
+    n_fired, unmatched = sum(fired.values()), d.get("faults_unmatched")
+    matched = n_fired - unmatched if isinstance(unmatched, int) else "n/a"
+    rungs = (", ".join(d["prefill_rungs_seen"]) or "none") if "prefill_rungs_seen" in d else "n/a"
+    cells = [f"{d['sent']:,}", f"{d['completed']:,}", str(d["failed"]), str(d["cancelled"]), str(d["lost"]),
+             f"{d['duplicated_tokens']} / {d['missing_tokens']} / {d['mismatched_tokens']}", str(d["text_mismatches"]),
+             f"{sum((d.get('faults_planned') or {}).values())} / {n_fired} / {matched}", rungs, _met(d["ok"])]
+    load = d.get("load") or {}
+    head = (f"Faults fired: {', '.join(f'{k} {n}' for k, n in fired.items()) or 'none'}; "
+            f"{_num(load.get('seconds'), 0)} s of load, {load.get('concurrency', '?')} streams at all times "
+            f"({_num(load.get('requests_per_s'), 2)} req/s):\n\n")
+    invariants = _rows(["invariant", "holds"], [[f"`{k}`", _met(v)] for k, v in d["invariants"].items()])
+    return (head + _table(["sent", "completed", "failed", "cancelled by the client", "lost",
+                           "duplicated / missing / wrong tokens", "text mismatches",
+                           "faults planned / fired / matched to a step", "prefill rungs seen", "ok"], cells)
+            + "\n" + invariants + _chaos_recovery(d.get("recovery") or {}))
+
+
+def _chaos_recovery(rec: dict[str, Any]) -> str:
+    """Fault to the next token (worst stream per fault) and Ray's replacement of the replica, by fault kind."""
+    ftn = {k: v for k, v in (rec.get("fault_to_next_token") or {}).items() if isinstance(v, dict) and "faults" in v}
+    repl = rec.get("replacement_s") or {}
+    rows = []
+    for kind in dict.fromkeys([*ftn, *repl]):
+        f, r = ftn.get(kind) or {}, repl.get(kind) or {}
+        rows.append([kind, str(f.get("faults", r.get("count", ""))),
+                     _span(_div(f.get("worst_stream_ms_p50"), 1000), _div(f.get("worst_stream_ms_max"), 1000), 2),
+                     _span(r.get("p50"), r.get("max"), 1)])
+    if not rows:
+        return ""
+    fresh = (f"\nFresh request TTFT p50 under the same load: {_num(rec.get('fresh_ttft_ms_p50'))} ms.\n"
+             if "fresh_ttft_ms_p50" in rec else "")
+    return "\n" + _rows(["fault", "faults", "fault to next token, worst stream: p50 / max",
+                         "pool whole again after: p50 / max"], rows) + fresh
+
+
 RENDERERS: dict[str, Callable[[dict[str, Any]], str]] = {
-    "idle": _idle, "ingest": _ingest, "ratelimit": _ratelimit, "revoke": _revoke,
+    "idle": _idle, "ingest": _ingest, "ratelimit": _ratelimit, "revoke": _revoke, "serve": _serve,
+    "gateway": _gateway, "handoff": _handoff, "pd": _pd, "path": _path, "recovery": _recovery, "chaos": _chaos,
 }
+"""Renderer by the result's ``benchmark`` (by the block's name for older results without one); a ``chaos``
+renderer also takes every name that starts with ``chaos`` (``chaos-20-kills``)."""
+
+
+def _renderer(kind: str) -> Callable[[dict[str, Any]], str] | None:
+    return RENDERERS.get(kind) or (RENDERERS["chaos"] if kind.startswith("chaos") else None)
+
+
+def render(kind: str, data: dict[str, Any]) -> str:
+    """The tables of one result of benchmark ``kind`` (without the provenance line)."""
+    renderer = _renderer(kind)
+    if renderer is None:
+        raise ValueError(f"no renderer for a {kind!r} result")
+    return renderer(data)
+
+
+def json_name(name: str) -> str:
+    """The JSON of block ``name``: ``bench-NAME.json``; ``NAME.json`` for a chaos run (``chaos-...``)."""
+    return f"{name}.json" if name.startswith("chaos") else f"bench-{name}.json"
 
 
 def render_block(name: str, docs_dir: Path) -> str:
     """The body of block ``name``: its table and where its figures come from."""
-    json_name = f"bench-{name}.json"
-    data = json.loads((docs_dir / json_name).read_text())
+    jname = json_name(name)
+    data = json.loads((docs_dir / jname).read_text())
     kind = data.get("benchmark", name)
-    if kind not in RENDERERS:
-        raise ValueError(f"no renderer for a {kind!r} result ({json_name})")
+    if _renderer(kind) is None:
+        raise ValueError(f"no renderer for a {kind!r} result ({jname})")
     if not isinstance(data.get("provenance"), dict):
-        raise ValueError(f"{json_name} has no provenance: its figures cannot be shown")
-    return RENDERERS[kind](data) + "\n" + _provenance(data, json_name)
+        raise ValueError(f"{jname} has no provenance: its figures cannot be shown")
+    return render(kind, data) + "\n" + _provenance(data, jname)
 
 
 def render_document(text: str, docs_dir: Path) -> str:

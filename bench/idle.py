@@ -74,7 +74,7 @@ def measure(state_dir: Path, *, settle_s: float = 10.0, duration_s: float = 10.0
     total = sum(r["core_share"] for r in rows)
     worst = max((r["core_share"] for r in engines), default=None)
     return {
-        "settle_s": settle_s, "duration_s": round(elapsed, 2), "processes": rows,
+        "benchmark": "idle", "settle_s": settle_s, "duration_s": round(elapsed, 2), "processes": rows,
         "engines": len(engines), "stack_core_share": round(total, 4), "max_engine_core_share": worst,
         "targets": {
             "engine_core_share": {"measured": worst, "target": ENGINE_TARGET,

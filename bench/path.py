@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import math
 import secrets
 import statistics
 import sys
@@ -341,7 +340,7 @@ def run_path(cfg: PathConfig, settings: Any, db: Any, *, log: Log = print,
 
 def _result(cfg: PathConfig, runs: dict[int, dict[str, list[Sent]]], durations: dict[int, dict[str, float]], *,
             cpu: dict[str, dict[str, float]], saturation: dict[str, dict[str, Any]], rec: Any) -> dict[str, Any]:
-    out: dict[str, Any] = {"config": {k: (str(v) if isinstance(v, Path) else v)
+    out: dict[str, Any] = {"benchmark": "path", "config": {k: (str(v) if isinstance(v, Path) else v)
                                       for k, v in dataclasses.asdict(cfg).items()},
                            "arms": list(next(iter(runs.values())).keys()) if runs else [], "concurrency": {}}
     for conc, arms in runs.items():
@@ -440,52 +439,13 @@ def plot(path: Path, result: dict[str, Any]) -> Path:
 
 
 def markdown(result: dict[str, Any]) -> str:
-    """The tables of ``docs/benchmarks.md``'s path section, from a result (``baton bench path --from-json``)."""
-    lines: list[str] = []
-    lines.append("| concurrency | arm | ok/fail | TTFT p50 | TTFT p99 | added TTFT p50 | ITL p50 | ITL p99 "
-                 "| ITL p50 / engine |")
-    lines.append("|---|---|---|---|---|---|---|---|---|")
-    for conc, block in result["concurrency"].items():
-        for arm, e in block.items():
-            s = e["summary"]
-            lines.append(f"| {conc} | {arm} | {s['completed']}/{s['failed']} | {_f(s['ttft_ms']['p50'])} | "
-                         f"{_f(s['ttft_ms']['p99'])} | {_f(e.get('added_ttft_p50_ms'), signed=True)} | "
-                         f"{_f(s['itl_ms']['p50'])} | {_f(s['itl_ms']['p99'])} | {_f(e.get('itl_p50_ratio'))} |")
-    lines += ["", "| arm | output tok/s at saturation | vs engine |", "|---|---|---|"]
-    for arm, s in result.get("saturation", {}).items():
-        lines.append(f"| {arm} | {_f(s['output_throughput'], 0)} | {_f(result['saturation_vs_engine'].get(arm))} |")
-    c1 = result["concurrency"].get("1", {})
-    pd_arms = [a for a in result["arms"] if c1.get(a, {}).get("hops_ms_median")]
-    if pd_arms:
-        lines += ["", "| hop (median ms, concurrency 1) | " + " | ".join(pd_arms) + " |",
-                  "|---|" + "---|" * len(pd_arms)]
-        for hop in HOPS:
-            vals = [c1[a]["hops_ms_median"].get(hop) for a in pd_arms]
-            if any(v is not None for v in vals):
-                lines.append(f"| {hop} | " + " | ".join(_f(v) for v in vals) + " |")
-        lines.append("| **sum (= TTFT of the median request per hop)** | "
-                     + " | ".join(_f(sum(c1[a]["hops_ms_median"].values())) for a in pd_arms) + " |")
-    cpu = result.get("cpu_ms_per_request_c1") or {}
-    if cpu:
-        lines += ["", "| CPU ms per request (concurrency 1) | " + " | ".join(cpu) + " |", "|---|" + "---|" * len(cpu)]
-        labels: list[str] = []
-        for per in cpu.values():
-            labels += [k for k in per if k not in labels]
-        top = sorted(labels, key=lambda k: -max(per.get(k, 0.0) for per in cpu.values()))[:10]
-        for label in top:
-            lines.append(f"| {label} | " + " | ".join(_f(per.get(label)) for per in cpu.values()) + " |")
-        lines.append("| **all processes** | " + " | ".join(_f(sum(per.values())) for per in cpu.values()) + " |")
-    lines += ["", "| target | measured | target | met |", "|---|---|---|---|"]
-    for name, row in result.get("targets", {}).items():
-        lines.append(f"| {name} | {_f(row['measured'])} | {row['target']} | {'yes' if row['met'] else 'no'} |")
-    return "\n".join(lines) + "\n"
+    """The tables of ``docs/benchmarks.md``'s path section, from a result (``baton bench path --from-json``):
+    what ``baton bench report`` writes for a ``path`` block."""
+    from baton.bench.docreport import render
+
+    text: str = render("path", result)
+    return text
 
 
-def _f(v: Any, digits: int = 2, *, signed: bool = False) -> str:
-    if v is None or (isinstance(v, float) and math.isnan(v)):
-        return "-"
-    if isinstance(v, int | float):
-        return f"{v:+.{digits}f}" if signed else f"{v:,.{digits}f}"
-    return str(v)
 if __name__ == "__main__":  # pragma: no cover - use `baton bench path`
     sys.exit("run `baton bench path --help`")

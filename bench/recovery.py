@@ -304,7 +304,7 @@ def run_recovery(cfg: RecoveryConfig, *, log: Log = print,
             part = run_topology(topo, cfg, settings, db, log=log,
                                 advance=(lambda: advance_fn(1)) if advance_fn else None)
             trials.extend(part["trials"])
-    return {"config": asdict(cfg), "summary": summarise(trials), "trials": trials,
+    return {"benchmark": "recovery", "config": asdict(cfg), "summary": summarise(trials), "trials": trials,
             "provenance": report.provenance(started)}
 
 

@@ -787,6 +787,7 @@ async def _drill(ep: Endpoint, cfg: DrillConfig, log: Log, progress: Progress | 
     not_recovered = [f.to_dict() for f in injector.faults
                      if f.fired and f.kind != "drop" and f.recovered is False]
     result: dict[str, Any] = {
+        "benchmark": "chaos",
         **{k: v for k, v in summary.to_dict().items() if k != "violations"},
         "faults_planned": dict(Counter(plan)),
         "faults_fired": dict(fired),

@@ -2,13 +2,20 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import math
 import shutil
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-from baton.bench import docreport
+from baton.bench import docreport, gateway, report, stats
+from baton.bench.gateway import GatewayConfig
+from baton.bench.path import markdown
+from baton.bench.pd import PdConfig
+from baton.bench.serve import ServeConfig
 
 DOCS = Path(__file__).resolve().parents[3] / "docs"
 
@@ -39,3 +46,189 @@ def test_a_result_without_provenance_cannot_be_shown(tmp_path: Path) -> None:
     (tmp_path / "bench-idle.json").write_text(json.dumps(data))
     with pytest.raises(ValueError, match="provenance"):
         docreport.render_block("idle", tmp_path)
+
+
+# -- the renderers of the other benchmarks: small results shaped as their bench code builds them ------------
+
+PROV = {"start": {"time": "2026-12-03T10:00:00+00:00", "loadavg": [1.5, 1.0, 1.0]},
+        "end": {"time": "2026-12-03T10:05:00+00:00", "loadavg": [2.0, 1.0, 1.0]},
+        "command": ["baton", "bench", "x"], "machine": {"cpus": 2, "cpu_model": "AMD EPYC", "memory_gib": 23.5},
+        "commit": "0123456789abcdef", "dirty": False}
+
+
+def _requests(n: int, ttft_s: float, gap_s: float, *, tokens: int = 4, failed: int = 0) -> list[stats.RequestResult]:
+    ok = [stats.RequestResult(True, prompt_len=8, output_tokens=tokens, ttft=ttft_s,
+                              latency=ttft_s + gap_s * (tokens - 1), itl=[gap_s] * (tokens - 1)) for _ in range(n)]
+    return ok + [stats.RequestResult(False, prompt_len=8, error="boom") for _ in range(failed)]
+
+
+def _serve() -> dict[str, Any]:
+    slo = {"ttft": 200.0, "tpot": 20.0}
+    runs = []
+    for rate, ttft, failed in ((2.0, 0.0125, 0), (math.inf, 0.150, 2)):
+        run = stats.summarize(_requests(10, ttft, 0.00174, failed=failed), 5.0, slo=slo)
+        run.update(request_rate=rate, max_concurrency=None, by_kind={})
+        runs.append(run)
+    cfg = ServeConfig(base_url="http://127.0.0.1:8000/v1", model="tiny", num_prompts=10,
+                      goodput=["ttft:200", "tpot:20"])
+    return {"benchmark": "serve", "config": dataclasses.asdict(cfg), "runs": runs}
+
+
+def _gateway() -> dict[str, Any]:
+    per_arm = {}
+    for name, ttft, cpu in (("direct", 0.010, None), ("baton", 0.0128, 2.5), ("litellm", 0.040, 30.6)):
+        per_arm[name] = stats.summarize(_requests(8, ttft, 0.001), 1.0, percentiles=(50, 90, 99))
+        per_arm[name]["proxy_cpu_ms_per_request"] = cpu
+    added = {name: {"ttft_ms": {"p50": ttft, "p99": ttft + 1}, "itl_ms": {"p50": 0.02, "p99": 0.03},
+                    "e2el_ms": {"p50": ttft, "p99": ttft}} for name, ttft in (("baton", 2.8), ("litellm", 30.0))}
+    rounds = [{"concurrency": 1, "requests_per_arm": 8, "block_size": 8, "arms": per_arm, "added": added,
+               "ratios": gateway._ratios(added, per_arm)}]
+    ttft = stats.describe([0.1, 0.2], (50, 99), scale=1000.0)
+    throughput = {
+        "direct": {"requests": 100, "completed": 100, "duration_s": 1.0, "requests_per_s": 100.0, "proxy_cpu_s": None,
+                   "requests_per_cpu_s": None, "rss_mb": None, "ttft_ms": ttft},
+        "baton": {"requests": 100, "completed": 100, "duration_s": 4.0, "requests_per_s": 25.0, "proxy_cpu_s": 0.193,
+                  "requests_per_cpu_s": 519.0, "rss_mb": 123.4, "ttft_ms": ttft}}
+    out = {"benchmark": "gateway", "config": dataclasses.asdict(GatewayConfig(upstream="zero")), "notes": [],
+           "upstream_url": "http://127.0.0.1:9100/v1", "rounds": rounds, "throughput": throughput,
+           "rss_mb": {"baton": 123.4}}
+    out["headline"] = gateway.headline(out)
+    return out
+
+
+def _handoff() -> dict[str, Any]:
+    def row(n: int, kv: int, xfer: float, ideal: float, eff: float) -> dict[str, Any]:
+        return {"prompt_len": n, "kv_bytes": kv, "nixl_bytes": kv, "nixl_xfer_ms": xfer, "client_handoff_ms": 50.0,
+                "ideal_memcpy_ms": ideal, "ideal_link_ms": kv / 1.9e6, "efficiency": eff, "efficiency_client": 0.01,
+                "prefill_ms": 100.0, "decode_ttft_ms": 60.0, "failed_transfers": 0}
+
+    tiny = [row(256, 262_144, 0.265, 0.021, 0.08), row(2048, 2_097_152, 0.518, 0.166, 0.32)]
+    bench = [row(3584, 117_440_512, 9.0, 9.28, 1.03)]
+    return {"benchmark": "handoff", "config": {"repeats": 3}, "memcpy": {"best_GBps": 12.66, "median_GBps": 10.48},
+            "link_bandwidth_GBps": 1.9, "shapes": [
+                {"shape": "tiny", "kv_bytes_per_token": 1024, "by_length": tiny},
+                {"shape": "bench", "kv_bytes_per_token": 32768, "by_length": bench}],
+            "target": {"efficiency": 0.5, "prompt_len_min": 2048}}
+
+
+def _pd() -> dict[str, Any]:
+    slo = {"ttft": 2000.0, "tpot": 50.0}
+
+    def run(rate: float, ttft: float, failed: int) -> dict[str, Any]:
+        r = stats.summarize(_requests(8, ttft, 0.02, failed=failed), 10.0, slo=slo, percentiles=(50, 90, 99))
+        r["request_rate"] = rate
+        r["by_kind"] = {"short": stats.summarize(_requests(6, ttft, 0.021), 10.0, slo=slo, percentiles=(50, 90, 99)),
+                        "long": stats.summarize(_requests(2, 0.7071, 0.02), 10.0, slo=slo, percentiles=(50, 90, 99))}
+        return r
+
+    configs = {"aggregated": {"goodput_per_gpu": 2.045, "goodput_two_cores": 4.09, "bottleneck": "prefill",
+                              "at_rate": {"rate_per_unit": 1.0, "ttft_ms": 1279.0, "tpot_ms": 20.5, "ok": True}},
+               "pd 1:1": {"goodput_per_gpu": 1.02, "goodput_two_cores": 2.04, "bottleneck": "prefill",
+                          "at_rate": {"rate_per_unit": 2.0, "ttft_ms": 2000.0, "tpot_ms": 8.0, "ok": False}}}
+    return {"benchmark": "pd", "config": dataclasses.asdict(PdConfig()), "slo_ms": slo,
+            "arms": {"aggregated": [run(1.0, 0.082, 0)], "pd": [run(1.0, 1.591, 2)]},
+            "prediction": {"hardware": {"prefill_tokens_per_s": 2461.0, "decode_step_ms": 7.8}, "calibrated": True,
+                           "notes": [], "by_rate": [{"request_rate": 2.0, "recommended": "aggregated", "reason": "",
+                                                     "transfer_lower_bound_ms": 0.1, "configs": configs}]}}
+
+
+def _committed(name: str) -> dict[str, Any]:
+    data: dict[str, Any] = json.loads((DOCS / name).read_text())
+    return data
+
+
+BUILDERS = {"serve": _serve, "gateway": _gateway, "handoff": _handoff, "pd": _pd,
+            "path": lambda: _committed("bench-path.json"), "recovery": lambda: _committed("bench-recovery.json"),
+            "chaos-default-topology": lambda: _committed("chaos-default-topology.json")}
+
+
+def _render(tmp_path: Path, name: str, data: dict[str, Any]) -> str:
+    report.write_json(tmp_path / docreport.json_name(name), {**data, "provenance": PROV})
+    return docreport.render_block(name, tmp_path)
+
+
+@pytest.mark.parametrize("name", list(BUILDERS))
+def test_every_benchmark_without_provenance_is_refused(tmp_path: Path, name: str) -> None:
+    data = BUILDERS[name]()
+    data.pop("provenance", None)
+    report.write_json(tmp_path / docreport.json_name(name), {**data, "provenance": PROV})
+    assert "From [`" in docreport.render_block(name, tmp_path)
+    (tmp_path / docreport.json_name(name)).write_text(json.dumps(data))
+    with pytest.raises(ValueError, match="provenance"):
+        docreport.render_block(name, tmp_path)
+
+
+def test_serve_a_row_per_rate_with_goodput_against_the_slo(tmp_path: Path) -> None:
+    text = _render(tmp_path, "serve", _serve())
+    assert "| 2 | 10/0 | 2.00 | 8 | 12.5 | 12.5 | 1.74 | 1.74 | 1.740 | 1.740 | 17.7 | 2.00 req/s (100%) |" in text
+    assert "| inf | 10/2 | 2.00 | 8 | 150.0 |" in text and "| 2.00 req/s (83%) |" in text  # failures are misses
+    assert "ttft <= 200 ms, tpot <= 20 ms" in text and "commit `0123456`" in text
+
+
+def test_gateway_latency_added_over_direct_throughput_and_targets(tmp_path: Path) -> None:
+    text = _render(tmp_path, "gateway", _gateway())
+    assert "Upstream: the zero-latency stub (each token its own write, 1 ms apart)." in text
+    assert "| direct | 8/0 | 10.00 | 10.00 | 1.000 | 1.000 |  |  |  |  |  |" in text
+    assert "| baton | 8/0 | 12.80 | 12.80 | 1.000 | 1.000 | +2.8 | +3.8 | +0.020 | +0.030 | 2.50 ms |" in text
+    assert "baton / LiteLLM: added TTFT p50 0.09," in text
+    assert "| baton | 100/100 | 25 | 519 | 123 MB | 150.0 | 199.0 |" in text
+    assert "| baton: added TTFT p50 | <= 1 ms | +2.80 ms | **no** |" in text
+    assert "| baton: added ITL p50 | <= 0.2 ms | +0.020 ms | yes |" in text
+    assert "| baton / LiteLLM, added TTFT p50 | <= 0.1 | 0.09 | yes |" in text
+    assert "| baton: requests per gateway CPU-second | >= 1,000 | 519 | **no** |" in text
+    assert "| baton: gateway RSS | <= 200 MB | 123 MB | yes |" in text
+
+
+def test_handoff_efficiency_judged_from_the_target_length(tmp_path: Path) -> None:
+    text = _render(tmp_path, "handoff", _handoff())
+    assert "| tiny | 256 | 0.26 | 0.265 | 0.021 | 0.08 | 1.0 | 0 |  |  |" in text  # below 2,048 tokens: not judged
+    assert "| tiny | 2,048 | 2.10 | 0.518 | 0.166 | 0.32 | 4.0 | 0 | >= 0.5 | **no** |" in text
+    assert "| bench | 3,584 | 117.44 | 9.000 | 9.280 | 1.03 | 13.0 | 0 | >= 0.5 | yes |" in text
+    assert "memcpy 12.66 GB/s best" in text and "met in 1 of 2 rows" in text
+
+
+def test_pd_arms_by_rate_and_the_planners_prediction(tmp_path: Path) -> None:
+    text = _render(tmp_path, "pd", _pd())
+    assert ("| aggregated | 1 | 8/0 | 82.0 | 82.0 | 82.0 | 20.00 | 20.00 | 21.00 | 82.0 | 707.1 | 0.80 req/s | "
+            "100% |") in text
+    assert "| pd | 1 | 8/2 | 1,591.0 |" in text and "| 80% |" in text
+    assert "| 2 | aggregated | 4.09 | 1,279.0 | 20.50 | yes | **yes** |" in text
+    assert "| 2 | pd 1:1 | 2.04 | 2,000.0 | 8.00 | **no** |  |" in text
+    assert "prefill 2,461 tokens/s, decode step 7.8 ms" in text and "ttft <= 2000 ms" in text
+
+
+def test_path_from_the_committed_result_its_name_picks_the_renderer(tmp_path: Path) -> None:
+    assert "benchmark" not in _committed("bench-path.json")
+    text = docreport.render_block("path", DOCS)
+    assert "| 1 | baton-pd | 80/0 | 63.65 | 115.99 | +50.53 | 3.53 | 16.34 | 1.73 |" in text
+    assert "| baton-pd | 1,177 | 0.51 |" in text and "| remote prefill call | 23.19 | 28.68 |" in text
+    assert "| **all processes** | 206.38 | 238.00 | 352.75 | 335.62 | 449.75 |" in text
+    assert "| `baton_pd_added_ttft_p50_ms` | 50.53 | 15 | **no** |" in text
+    assert "| `pd_saturation_vs_engine` | 0.51 | 0.5 | yes |" in text
+    assert text.startswith(markdown(_committed("bench-path.json")))  # `baton bench path --from-json` prints the same
+
+
+def test_recovery_from_the_committed_result(tmp_path: Path) -> None:
+    text = docreport.render_block("recovery", DOCS)
+    assert ("| 1p1d | tier | 167.3 ms (187.3, 147.4) | 84.8 ms | 2.05 (2.58) | <= 1.5 | **no** | "
+            "aggregated_fallback, 2 of 2 | yes, 2 of 2 | yes |") in text
+    assert "| 1p2d | no_tier | 199.3 ms (189.6, 209.0) | 251.6 ms | 0.79 (0.84) | <= 3 | yes |" in text
+
+
+def test_a_chaos_run_its_invariants_and_recovery(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="provenance"):  # as committed, the runs cannot be shown
+        docreport.render_block("chaos-20-kills", DOCS)
+    text = _render(tmp_path, "chaos-default-topology", _committed("chaos-default-topology.json"))
+    assert "| 3,710 | 3,709 | 0 | 1 | 0 | 0 / 0 / 0 | 0 | 10 / 10 / 9 | local_prefill | **no** |" in text
+    assert "| `every_fault_matched_to_a_step` | **no** |" in text and "| `no_lost_requests` | yes |" in text
+    assert "| kill_decode | 3 | 0.35 s / 3.44 s | 81.7 s / 92.8 s |" in text
+    assert "From [`chaos-default-topology.json`](chaos-default-topology.json)" in text
+    run = {**_committed("chaos-20-kills.json"), "benchmark": "chaos"}  # what `baton chaos run` writes now
+    text = _render(tmp_path, "chaos", run)
+    assert "| 2,526 | 2,521 | 0 | 5 | 0 | 0 / 0 / 0 | 0 | 30 / 30 / n/a | n/a | yes |" in text
+    assert "| tier_down | 1 | n/a | 42.5 s / 42.5 s |" in text
+
+
+def test_a_result_of_an_unknown_benchmark_is_refused(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="no renderer"):
+        _render(tmp_path, "ingest", {"benchmark": "nonesuch"})
