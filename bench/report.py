@@ -41,8 +41,9 @@ def provenance(started: dict[str, Any] | None = None) -> dict[str, Any]:
     with contextlib.suppress(OSError, subprocess.SubprocessError):
         out["commit"] = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True,
                                        timeout=5).stdout.strip() or None
-        status = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], capture_output=True,
-                                text=True, timeout=5).stdout
+        # Uncommitted changes to what runs; docs/ (where results and their tables are written) does not.
+        status = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no", "--", ".", ":!docs"],
+                                capture_output=True, text=True, timeout=5).stdout
         out["dirty"] = bool(status.strip())
     versions: dict[str, str] = {}
     from importlib import metadata
