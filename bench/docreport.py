@@ -247,8 +247,8 @@ def _gateway_throughput(tp: dict[str, Any]) -> str:
     return _rows(["arm", "ok/sent", "req/s", "req per proxy CPU-second", "proxy RSS", "TTFT p50", "TTFT p99"], rows)
 
 
-def _gateway_targets(h: dict[str, Any], rounds: list[dict[str, Any]]) -> str:
-    """The headline (the concurrency-1 round, or the first, and the throughput phase) against its targets."""
+def _gateway_target_rows(h: dict[str, Any]) -> list[list[str]]:
+    """``[figure, target, measured, met]`` of a gateway result's headline."""
     t, ratios, rows = h.get("targets") or {}, h.get("ratios") or {}, []
     for arm in ("baton", "baton-notrace"):
         a, lite = h.get(arm), ratios.get(f"{arm}_over_litellm")
@@ -268,6 +268,12 @@ def _gateway_targets(h: dict[str, Any], rounds: list[dict[str, Any]]) -> str:
     if "rss_mb" in tt:
         rows.append(["baton: gateway RSS", f"<= {tt['rss_mb']:g} MB", f"{_num(tp['rss_mb'], 0)} MB",
                      _verdict(tp["rss_mb"], tt["rss_mb"])])
+    return rows
+
+
+def _gateway_targets(h: dict[str, Any], rounds: list[dict[str, Any]]) -> str:
+    """The headline (the concurrency-1 round, or the first, and the throughput phase) against its targets."""
+    rows = _gateway_target_rows(h)
     if not rows:
         return ""
     first = rounds[0]["concurrency"] if rounds else "?"
@@ -472,8 +478,93 @@ def json_name(name: str) -> str:
     return f"{name}.json" if name.startswith("chaos") else f"bench-{name}.json"
 
 
-def render_block(name: str, docs_dir: Path) -> str:
-    """The body of block ``name``: its table and where its figures come from."""
+# -- the summary: every result's targets in one table ----------------------------------------------------
+
+
+def _handoff_targets(d: dict[str, Any]) -> list[list[str]]:
+    t = d.get("target") or {}
+    if not t:
+        return []
+    out = []
+    for s in d["shapes"]:
+        effs = [r["efficiency"] for r in s["by_length"]
+                if r["prompt_len"] >= t["prompt_len_min"] and isinstance(r["efficiency"], int | float)]
+        if effs:
+            out.append([f"KV handoff efficiency, `{s['shape']}` model, >= {t['prompt_len_min']:,} tokens",
+                        f">= {t['efficiency']:g}", " - ".join(dict.fromkeys((_num(min(effs), 2), _num(max(effs), 2)))),
+                        _met(min(effs) >= t["efficiency"])])
+    return out
+
+
+def _pd_targets(d: dict[str, Any]) -> list[list[str]]:
+    """Whether the planner's recommendation is the arm that measured the higher goodput, rate by rate."""
+    pred = d.get("prediction") or {}
+    rows = []
+    for row in pred.get("by_rate", []):
+        measured = {arm: r.get("goodput") for arm, runs in d["arms"].items() for r in runs
+                    if r["request_rate"] == row["request_rate"]}
+        if len(measured) < 2 or not all(isinstance(v, int | float) for v in measured.values()):
+            continue
+        best = max(measured, key=lambda a: measured[a] or 0.0)
+        said = "aggregated" if str(row["recommended"]).startswith("agg") else next(
+            (a for a in measured if a != "aggregated"), "P/D")
+        rows.append([f"planner's call at {_rate(row['request_rate'])} req/s (aggregated vs P/D)",
+                     "the arm with more goodput", f"recommends {said}; measured best {best}", _met(said == best)])
+    return rows
+
+
+def _recovery_targets(d: dict[str, Any]) -> list[list[str]]:
+    return [[f"recovery, {topo}, {arm}: kill to next token / fresh TTFT (median)", f"<= {s['target_ratio']:g}",
+             _num(s["ratio_median"], 2), _verdict(s["ratio_median"], s["target_ratio"])]
+            for topo, arms in d["summary"].items() for arm, s in arms.items()]
+
+
+def _chaos_targets(d: dict[str, Any]) -> list[list[str]]:
+    tokens = d["duplicated_tokens"] + d["missing_tokens"] + d["mismatched_tokens"]
+    return [["chaos drill: lost / failed requests, wrong tokens, text mismatches", "0 / 0 / 0 / 0",
+             f"{d['lost']} / {d['failed']} / {tokens} / {d['text_mismatches']}",
+             _met(d["lost"] == d["failed"] == tokens == d["text_mismatches"] == 0)],
+            ["chaos drill: every invariant (each fault fired, matched to a recovery step, ...)", "all hold",
+             f"{sum(bool(v) for v in d['invariants'].values())} of {len(d['invariants'])}", _met(d["ok"])]]
+
+
+def _idle_targets(d: dict[str, Any]) -> list[list[str]]:
+    t = d["targets"]
+    return [[f"idle CPU, {what}", f"<= {100 * t[key]['target']:g}% of a core", f"{100 * t[key]['measured']:.1f}%",
+             _met(t[key]["met"])] for key, what in (("engine_core_share", "each vLLM engine"),
+                                                    ("stack_core_share", "the whole `baton up` stack"))]
+
+
+def _path_targets(d: dict[str, Any]) -> list[list[str]]:
+    return [[f"serving path: `{name}`", f"{r['target']:g}", _num(r["measured"], 2),
+             "n/a" if r["met"] is None else _met(r["met"])] for name, r in (d.get("targets") or {}).items()]
+
+
+TARGETS: dict[str, Callable[[dict[str, Any]], list[list[str]]]] = {
+    "gateway": lambda d: [[f"gateway ({'zero-latency' if d['config']['upstream'] == 'zero' else 'vLLM engine'} "
+                           f"upstream), {r[0]}", *r[1:]] for r in _gateway_target_rows(d.get("headline") or {})],
+    "path": _path_targets,
+    "idle": _idle_targets,
+    "handoff": _handoff_targets,
+    "pd": _pd_targets,
+    "recovery": _recovery_targets,
+    "chaos": _chaos_targets,
+    "ingest": lambda d: [["usage records into Postgres, across a Postgres outage (0 lost)",
+                          f">= {d['target']['records_per_s']:,}/s",
+                          f"{_num(d['records_per_s'], 0)}/s, {d['lost']} lost", _met(d["met"])]],
+    "ratelimit": lambda d: [["rate-limit decisions on one Redis", f">= {d['target']['decisions_per_s']:,}/s",
+                             f"{_num(d['decisions_per_s'], 0)}/s", _met(d["met"])]],
+    "revoke": lambda d: [["key revocation seen by every gateway process, p99", f"< {d['target']['p99_ms']:g} ms",
+                          f"{_num(d['seen_by_all_ms']['p99'])} ms", _met(d["met"])]],
+}
+"""The target rows (``[figure, target, measured, met]``) of a result, by its benchmark."""
+
+#: The results the summary reads, in the order of the document (those present).
+SUMMARY = ("gateway-zero", "gateway-engine", "path", "idle", "handoff", "pd", "recovery", "chaos-default-topology",
+           "ingest", "ratelimit", "revoke")
+
+
+def _load(name: str, docs_dir: Path) -> tuple[str, dict[str, Any]]:
     jname = json_name(name)
     data = json.loads((docs_dir / jname).read_text())
     kind = data.get("benchmark", name)
@@ -481,7 +572,33 @@ def render_block(name: str, docs_dir: Path) -> str:
         raise ValueError(f"no renderer for a {kind!r} result ({jname})")
     if not isinstance(data.get("provenance"), dict):
         raise ValueError(f"{jname} has no provenance: its figures cannot be shown")
-    return render(kind, data) + "\n" + _provenance(data, jname)
+    return kind, data
+
+
+def render_summary(docs_dir: Path) -> str:
+    """Every committed result's targets in one table, each row linked to its JSON."""
+    rows = []
+    for name in SUMMARY:
+        if not (docs_dir / json_name(name)).exists():
+            continue
+        kind, data = _load(name, docs_dir)
+        targets = TARGETS.get("chaos" if kind.startswith("chaos") else kind)
+        when = (data["provenance"].get("start") or {}).get("time", "?")[:10]
+        src = f"[`{json_name(name)}`]({json_name(name)}), {when}"
+        rows += [[*row, src] for row in (targets(data) if targets else [])]
+    met = sum(r[3] == "yes" for r in rows)
+    return (_rows(["figure", "target", "measured", "met", "from"], rows)
+            + f"\n{met} of {len(rows)} targets met. Each row's JSON says which commit, machine and load it came from; "
+            "its section below has the whole table.\n")
+
+
+def render_block(name: str, docs_dir: Path) -> str:
+    """The body of block ``name``: its table and where its figures come from (``summary``: every result's
+    targets)."""
+    if name == "summary":
+        return render_summary(docs_dir)
+    kind, data = _load(name, docs_dir)
+    return render(kind, data) + "\n" + _provenance(data, json_name(name))
 
 
 def render_document(text: str, docs_dir: Path) -> str:

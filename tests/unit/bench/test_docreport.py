@@ -139,7 +139,8 @@ def _committed(name: str) -> dict[str, Any]:
 
 BUILDERS = {"serve": _serve, "gateway": _gateway, "handoff": _handoff, "pd": _pd,
             "path": lambda: _committed("bench-path.json"), "recovery": lambda: _committed("bench-recovery.json"),
-            "chaos-default-topology": lambda: _committed("chaos-default-topology.json")}
+            "chaos-default-topology": lambda: json.loads((Path(__file__).parent / "data" / "chaos-result.json")
+                                                         .read_text())}
 
 
 def _render(tmp_path: Path, name: str, data: dict[str, Any]) -> str:
@@ -216,19 +217,39 @@ def test_recovery_from_the_committed_result(tmp_path: Path) -> None:
 
 
 def test_a_chaos_run_its_invariants_and_recovery(tmp_path: Path) -> None:
-    with pytest.raises(ValueError, match="provenance"):  # as committed, the runs cannot be shown
-        docreport.render_block("chaos-20-kills", DOCS)
-    text = _render(tmp_path, "chaos-default-topology", _committed("chaos-default-topology.json"))
+    # a real `baton chaos run --json` result (the default topology's strict drill), as a fixture
+    result = json.loads((Path(__file__).parent / "data" / "chaos-result.json").read_text())
+    text = _render(tmp_path, "chaos-default-topology", result)
     assert "| 3,710 | 3,709 | 0 | 1 | 0 | 0 / 0 / 0 | 0 | 10 / 10 / 9 | local_prefill | **no** |" in text
     assert "| `every_fault_matched_to_a_step` | **no** |" in text and "| `no_lost_requests` | yes |" in text
     assert "| kill_decode | 3 | 0.35 s / 3.44 s | 81.7 s / 92.8 s |" in text
     assert "From [`chaos-default-topology.json`](chaos-default-topology.json)" in text
-    run = {**_committed("chaos-20-kills.json"), "benchmark": "chaos"}  # what `baton chaos run` writes now
-    text = _render(tmp_path, "chaos", run)
-    assert "| 2,526 | 2,521 | 0 | 5 | 0 | 0 / 0 / 0 | 0 | 30 / 30 / n/a | n/a | yes |" in text
-    assert "| tier_down | 1 | n/a | 42.5 s / 42.5 s |" in text
+    text = _render(tmp_path, "chaos", {**result, "benchmark": "chaos"})  # the name needs only the chaos- prefix
+    assert "| 3,710 | 3,709 |" in text
 
 
 def test_a_result_of_an_unknown_benchmark_is_refused(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="no renderer"):
         _render(tmp_path, "ingest", {"benchmark": "nonesuch"})
+
+
+def test_the_summary_has_every_results_targets_and_says_how_many_are_met(tmp_path: Path) -> None:
+    for name in ("ingest", "revoke", "recovery"):
+        shutil.copy(DOCS / f"bench-{name}.json", tmp_path / f"bench-{name}.json")
+    (tmp_path / "bench-gateway-zero.json").write_text(json.dumps({**_gateway(), "provenance": PROV}))
+    ingest = json.loads((tmp_path / "bench-ingest.json").read_text())
+    ingest.update(records_per_s=12_345.0, met=False)
+    (tmp_path / "bench-ingest.json").write_text(json.dumps(ingest))
+    out = docreport.render_block("summary", tmp_path)
+    row = "| usage records into Postgres, across a Postgres outage (0 lost) | >= 20,000/s | 12,345/s, 0 lost | **no**"
+    assert row in out
+    assert "key revocation seen by every gateway process" in out and "bench-revoke.json" in out
+    assert out.count("recovery, 1p") == 4  # one row per topology and arm
+    assert "gateway (zero-latency upstream), baton: added TTFT p50" in out
+    rows = [line for line in out.splitlines() if line.startswith("| ") and not line.startswith("| figure")]
+    met = sum("| yes |" in r for r in rows)
+    assert f"{met} of {len(rows)} targets met" in out
+    del ingest["provenance"]  # a result that cannot say where it came from stays out of the summary too
+    (tmp_path / "bench-ingest.json").write_text(json.dumps(ingest))
+    with pytest.raises(ValueError, match="provenance"):
+        docreport.render_block("summary", tmp_path)
