@@ -149,19 +149,29 @@ def _resumed_after(steps: list[dict[str, Any]]) -> int | None:
 def run_topology(name: str, cfg: RecoveryConfig, settings: Any, db: Any, *, log: Log,
                  advance: Callable[[], None] | None = None) -> dict[str, Any]:
     """Brings one topology up and runs every arm ``repeats`` times."""
-    import asyncio
-
-    from baton.bench.chaos.drill import DrillConfig, Injector
-    from baton.bench.chaos.faults import gone, signal_tree
     from baton.bench.chaos.stack import ChaosStack, StackConfig
-    from baton.bench.chaos.victims import RayMetricsAgent, wait_for_busy_victim
 
     prefill, decode = TOPOLOGIES[name]
     scfg = StackConfig(state_dir=Path(cfg.state_dir) / name, prefill=prefill, decode=decode,
                        max_model_len=max(2048, cfg.prompt_len + cfg.max_tokens + 64))
+    with ChaosStack(scfg, settings, db, log=log) as ep:
+        trials = run_trials(ep, name, cfg, log=log, advance=advance)
+    return {"topology": name, "prefill": prefill, "decode": decode, "trials": trials}
+
+
+def run_trials(ep: Any, name: str, cfg: RecoveryConfig, *, log: Log,
+               advance: Callable[[], None] | None = None) -> list[dict[str, Any]]:
+    """Every arm ``repeats`` times on a running P/D stack (a :class:`baton.bench.chaos.stack.Endpoint` whose
+    database records the gateway's requests), the decode pool whole again before each kill."""
+    import asyncio
+
+    from baton.bench.chaos.drill import DrillConfig, Injector
+    from baton.bench.chaos.faults import gone, signal_tree
+    from baton.bench.chaos.victims import RayMetricsAgent, wait_for_busy_victim
+
     rng = random.Random(cfg.seed)
     trials: list[dict[str, Any]] = []
-    with ChaosStack(scfg, settings, db, log=log) as ep, httpx.Client(timeout=300, trust_env=False) as client:
+    with httpx.Client(timeout=300, trust_env=False) as client:
         injector = Injector(ep, DrillConfig(replace_timeout_s=cfg.replace_timeout_s), None, 0.0, log)  # type: ignore[arg-type]
         loads = RayMetricsAgent([ep.metrics_url] if ep.metrics_url else (), ep.dashboard_url)
 
@@ -248,7 +258,7 @@ def run_topology(name: str, cfg: RecoveryConfig, settings: Any, db: Any, *, log:
                         advance()
         finally:
             injector.close()
-    return {"topology": name, "prefill": prefill, "decode": decode, "trials": trials}
+    return trials
 
 
 def _fmt(v: float | None) -> str:
@@ -308,4 +318,4 @@ def run_recovery(cfg: RecoveryConfig, *, log: Log = print,
             "provenance": report.provenance(started)}
 
 
-__all__ = ["RecoveryConfig", "run_recovery", "summarise"]
+__all__ = ["RecoveryConfig", "run_recovery", "run_trials", "summarise"]

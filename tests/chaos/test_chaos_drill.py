@@ -16,11 +16,17 @@ machine-wide lock:
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
 pytestmark = pytest.mark.chaos
+
+ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module")
@@ -57,6 +63,34 @@ def test_redis_tier_down_for_the_whole_run_costs_no_request(endpoint) -> None:
     assert result["text_mismatches"] == 0
     assert result["usage_records_ok"]
     assert result["invariants"]["no_failed_requests"] and result["invariants"]["no_missing_tokens"]
+
+
+def test_baton_chaos_run_attached_to_a_running_stack_writes_a_result_the_report_renders(  # type: ignore[no-untyped-def]
+        endpoint, settings, tmp_path) -> None:
+    """The command as a user runs it (``baton chaos run --attach``), at a tiny size: load without faults."""
+    from baton.bench import docreport
+
+    out = tmp_path / "chaos.json"
+    env = {**os.environ, "BATON_DB__URL": settings.db.url, "BATON_DB__APP_ROLE": settings.db.app_role,
+           "BATON_DB__APP_URL": settings.db.app_url or "", "BATON_REDIS__URL": settings.redis.url,
+           "BATON_CHAOS_API_KEY": endpoint.api_key}
+    cmd = [sys.executable, "-m", "baton.cli.main", "chaos", "run", "--attach", "--configured-db",
+           "--gateway-url", endpoint.gateway_url, "--model", endpoint.model, "--app", endpoint.app,
+           "--prefill", "1", "--decode", "1", "--kills", "0", "--stalls", "0", "--tier-downs", "0", "--drops", "0",
+           "--duration", "5", "--concurrency", "2", "--max-tokens", "16", "--out", str(out)]
+    if endpoint.dashboard_url:
+        cmd += ["--dashboard-url", endpoint.dashboard_url]
+    if endpoint.metrics_url:
+        cmd += ["--metrics-url", endpoint.metrics_url]
+    run = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    result = json.loads(out.read_text())
+    assert result["benchmark"] == "chaos" and result["provenance"]["commit"]
+    assert result["provenance"]["command"][1:3] == ["chaos", "run"]
+    assert result["sent"] > 0 and result["completed"] == result["sent"]
+    assert result["lost"] == result["failed"] == result["text_mismatches"] == 0
+    assert result["usage_records_ok"]
+    assert f"| {result['sent']:,} | {result['completed']:,} |" in docreport.render("chaos", result)
 
 
 def test_decode_and_prefill_kills_lose_no_request_and_no_token(endpoint) -> None:
@@ -97,3 +131,19 @@ def test_decode_and_prefill_kills_lose_no_request_and_no_token(endpoint) -> None
         assert result["invariants"][name], name
     assert result["ok"], result["invariants"]
 
+
+
+def test_a_recovery_trial_of_baton_bench_recovery_on_this_stack(endpoint) -> None:  # type: ignore[no-untyped-def]
+    """One trial of ``baton bench recovery`` (its own code, on this module's stack of the default topology):
+    the decode replica serving a stream is killed mid-stream, and the stream resumes with the same text."""
+    from baton.bench.recovery import RecoveryConfig, run_trials, summarise
+
+    cfg = RecoveryConfig(topologies=("1p1d",), arms=("tier",), repeats=1, prompt_len=512, max_tokens=1000,
+                         kill_after=40)
+    trials = run_trials(endpoint, "1p1d", cfg, log=print)
+    [trial] = trials
+    assert trial["victim"].get("fired") and trial["victim"].get("busy"), trial["victim"]
+    assert trial["recovery_ms"] is not None and trial["resumed_after"] is not None, trial
+    assert trial["equal_undisturbed"] and trial["record_status"] == "completed", trial
+    summary = summarise(trials)["1p1d"]["tier"]
+    assert summary["all_recovered"] and summary["all_equal_undisturbed"] and summary["ratio_median"] > 0
