@@ -1,6 +1,6 @@
 """The arms of the gateway comparison, each started in front of the same upstream:
 
-- Baton's gateway as a uvicorn process with a real Postgres database (``baton db upgrade``), a tenant,
+- Baton's gateway as `baton gateway run` starts it, with a real Postgres database (``baton db upgrade``), a tenant,
   a model grant, rate limits and a key made through the control plane's :class:`KeyService`, and a
   static upstream route (``BATON_GATEWAY__UPSTREAMS``).
 - LiteLLM's proxy from PyPI in its own virtual environment (``var/bench/litellm-venv``, created on
@@ -92,11 +92,12 @@ def gateway_env(tenant: BatonTenant, *, upstreams: dict[str, str], tracing: bool
 
 def start_gateway(name: str, env: dict[str, str], *, cpus: list[int] | None = None,
                   timeout_s: float = 60.0) -> tuple[Proc, str]:
-    """Baton's app (``baton.api.app:create_app_from_env``) under uvicorn, one worker; returns the
-    process and its ``/v1`` base URL."""
+    """Baton's gateway as ``baton gateway run`` starts it, one worker; returns the process and its ``/v1``
+    base URL."""
     port = free_port()
-    cmd = [python(), "-m", "uvicorn", "--factory", "baton.api.app:create_app_from_env", "--host", "127.0.0.1",
-           "--port", str(port), "--workers", "1", "--no-access-log", "--log-level", "warning"]
+    # as it ships (`baton gateway run`: uvloop, httptools, the gateway's keep-alive and shutdown settings)
+    cmd = [python(), "-m", "baton.cli.main", "gateway", "run", "--host", "127.0.0.1", "--port", str(port),
+           "--workers", "1"]
     proc = Proc(name, cmd, env=env, cpus=cpus).start()
     try:
         proc.wait_http(f"http://127.0.0.1:{port}/healthz", timeout_s=timeout_s)

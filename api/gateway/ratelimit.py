@@ -44,78 +44,70 @@ local horizon = now - 60000
 local lim_req, rem_req, reset_req = -1, -1, 0
 local lim_tok, rem_tok, reset_tok = -1, -1, 0
 local deny, retry = 0, 0
-
-local function expire_tokens(zk, hk, sk)
-  local old = redis.call('ZRANGEBYSCORE', zk, '-inf', horizon)
-  if #old > 0 then
-    local freed = 0
-    for i = 1, #old, 500 do
-      local part = {}
-      for j = i, math.min(i + 499, #old) do part[#part + 1] = old[j] end
-      local amounts = redis.call('HMGET', hk, unpack(part))
-      for k = 1, #amounts do freed = freed + (tonumber(amounts[k]) or 0) end
-      redis.call('HDEL', hk, unpack(part))
-    end
-    redis.call('ZREMRANGEBYSCORE', zk, '-inf', horizon)
-    if freed > 0 then redis.call('DECRBY', sk, freed) end
-  end
-  return tonumber(redis.call('GET', sk) or '0')
-end
+local refreshed = {}
 
 -- When enough reserved tokens leave the window for `need` more to fit.
-local function tokens_free_at(zk, hk, used, limit, need)
-  local entries = redis.call('ZRANGE', zk, 0, 63, 'WITHSCORES')
+local function tokens_free_at(log, amt, used, limit, need)
+  local entries = redis.call('ZRANGE', log, 0, 63, 'WITHSCORES')
   local free = limit - used
   for i = 1, #entries, 2 do
-    free = free + (tonumber(redis.call('HGET', hk, entries[i])) or 0)
+    free = free + (tonumber(redis.call('HGET', amt, entries[i])) or 0)
     if free >= need then return tonumber(entries[i + 1]) + 60000 - now end
   end
   return 60000
 end
 
-local counts = {}
 for s = 0, n - 1 do
-  local k = s * 5
+  local log, amt, conc = KEYS[s * 3 + 1], KEYS[s * 3 + 2], KEYS[s * 3 + 3]
   local rpm = tonumber(ARGV[5 + s * 3])
   local tpm = tonumber(ARGV[6 + s * 3])
-  local conc = tonumber(ARGV[7 + s * 3])
-  if rpm > 0 then
-    redis.call('ZREMRANGEBYSCORE', KEYS[k + 1], '-inf', horizon)
-    local used = redis.call('ZCARD', KEYS[k + 1])
-    local reset = 0
-    if used > 0 then
-      local first = redis.call('ZRANGE', KEYS[k + 1], 0, 0, 'WITHSCORES')
-      reset = tonumber(first[2]) + 60000 - now
-    end
-    if used + 1 > rpm then
-      if deny == 0 then deny = 1 end
-      retry = math.max(retry, reset)
-    end
-    local left = rpm - used - 1
-    if rem_req < 0 or left < rem_req then lim_req, rem_req, reset_req = rpm, left, reset end
-  end
-  if tpm > 0 then
-    local used = expire_tokens(KEYS[k + 2], KEYS[k + 3], KEYS[k + 4])
-    if tokens > tpm then
-      deny = 4  -- can never fit: reported before any other reason
-    elseif used + tokens > tpm then
-      if deny == 0 then deny = 2 end
-      retry = math.max(retry, tokens_free_at(KEYS[k + 2], KEYS[k + 3], used, tpm, tokens))
-    end
-    local left = tpm - used - tokens
-    if rem_tok < 0 or left < rem_tok then
-      local reset = 0
-      if used > 0 then
-        local first = redis.call('ZRANGE', KEYS[k + 2], 0, 0, 'WITHSCORES')
-        if #first > 0 then reset = tonumber(first[2]) + 60000 - now end
+  local cc = tonumber(ARGV[7 + s * 3])
+  if rpm > 0 or tpm > 0 then
+    -- one log of admissions (sorted by time) serves both per-minute limits; amounts and their sum in a hash
+    local old = redis.call('ZRANGEBYSCORE', log, '-inf', horizon)
+    if #old > 0 then
+      if tpm > 0 then
+        local freed = 0
+        for i = 1, #old, 500 do
+          local part = {}
+          for j = i, math.min(i + 499, #old) do part[#part + 1] = old[j] end
+          local amounts = redis.call('HMGET', amt, unpack(part))
+          for k = 1, #amounts do freed = freed + (tonumber(amounts[k]) or 0) end
+          redis.call('HDEL', amt, unpack(part))
+        end
+        if freed > 0 then redis.call('HINCRBY', amt, ':sum', -freed) end
       end
-      lim_tok, rem_tok, reset_tok = tpm, left, reset
+      redis.call('ZREMRANGEBYSCORE', log, '-inf', horizon)
+    end
+    local reset = 0
+    local first = redis.call('ZRANGE', log, 0, 0, 'WITHSCORES')
+    if #first > 0 then reset = tonumber(first[2]) + 60000 - now end
+    if rpm > 0 then
+      local used = redis.call('ZCARD', log)
+      if used + 1 > rpm then
+        if deny == 0 then deny = 1 end
+        retry = math.max(retry, reset)
+      end
+      local left = rpm - used - 1
+      if rem_req < 0 or left < rem_req then lim_req, rem_req, reset_req = rpm, left, reset end
+    end
+    if tpm > 0 then
+      local h = redis.call('HMGET', amt, ':sum', ':exp')
+      local used = tonumber(h[1]) or 0
+      refreshed[s] = tonumber(h[2]) or 0
+      if tokens > tpm then
+        deny = 4  -- can never fit: reported before any other reason
+      elseif used + tokens > tpm then
+        if deny == 0 then deny = 2 end
+        retry = math.max(retry, tokens_free_at(log, amt, used, tpm, tokens))
+      end
+      local left = tpm - used - tokens
+      if rem_tok < 0 or left < rem_tok then lim_tok, rem_tok, reset_tok = tpm, left, reset end
     end
   end
-  if conc > 0 then
-    redis.call('ZREMRANGEBYSCORE', KEYS[k + 5], '-inf', now)
-    local used = redis.call('ZCARD', KEYS[k + 5])
-    if used + 1 > conc then
+  if cc > 0 then
+    redis.call('ZREMRANGEBYSCORE', conc, '-inf', now)
+    if redis.call('ZCARD', conc) + 1 > cc then
       if deny == 0 then deny = 3 end
       retry = math.max(retry, 1000)
     end
@@ -124,22 +116,28 @@ end
 
 if deny == 0 then
   for s = 0, n - 1 do
-    local k = s * 5
-    if tonumber(ARGV[5 + s * 3]) > 0 then
-      redis.call('ZADD', KEYS[k + 1], now, rid)
-      redis.call('PEXPIRE', KEYS[k + 1], 61000)
-    end
-    if tonumber(ARGV[6 + s * 3]) > 0 then
-      redis.call('ZADD', KEYS[k + 2], now, rid)
-      redis.call('HSET', KEYS[k + 3], rid, tokens)
-      redis.call('INCRBY', KEYS[k + 4], tokens)
-      redis.call('PEXPIRE', KEYS[k + 2], 61000)
-      redis.call('PEXPIRE', KEYS[k + 3], 61000)
-      redis.call('PEXPIRE', KEYS[k + 4], 61000)
+    local log, amt, conc = KEYS[s * 3 + 1], KEYS[s * 3 + 2], KEYS[s * 3 + 3]
+    local tpm = tonumber(ARGV[6 + s * 3])
+    if tonumber(ARGV[5 + s * 3]) > 0 or tpm > 0 then
+      redis.call('ZADD', log, now, rid)
+      if tpm > 0 then
+        -- the log and the hash outlive their newest entry by a minute: their expiry is pushed on at most
+        -- once a second (62 s ahead), not on every admission
+        if now - refreshed[s] >= 1000 then
+          redis.call('HSET', amt, rid, tokens, ':exp', now)
+          redis.call('PEXPIRE', log, 62000)
+          redis.call('PEXPIRE', amt, 62000)
+        else
+          redis.call('HSET', amt, rid, tokens)
+        end
+        redis.call('HINCRBY', amt, ':sum', tokens)
+      else
+        redis.call('PEXPIRE', log, 61000)
+      end
     end
     if tonumber(ARGV[7 + s * 3]) > 0 then
-      redis.call('ZADD', KEYS[k + 5], now + lease, rid)
-      redis.call('PEXPIRE', KEYS[k + 5], lease * 2)
+      redis.call('ZADD', conc, now + lease, rid)
+      redis.call('PEXPIRE', conc, lease * 2)
     end
   end
 else
@@ -153,13 +151,13 @@ _FINISH = """
 local rid = ARGV[1]
 local actual = tonumber(ARGV[2])
 for s = 0, tonumber(ARGV[3]) - 1 do
-  local k = s * 4
-  redis.call('ZREM', KEYS[k + 4], rid)
+  local amt, conc = KEYS[s * 2 + 1], KEYS[s * 2 + 2]
+  redis.call('ZREM', conc, rid)
   if actual >= 0 then
-    local old = redis.call('HGET', KEYS[k + 2], rid)
-    if old then
-      redis.call('HSET', KEYS[k + 2], rid, actual)
-      redis.call('INCRBY', KEYS[k + 3], actual - tonumber(old))
+    local old = redis.call('HGET', amt, rid)
+    if old and tonumber(old) ~= actual then
+      redis.call('HSET', amt, rid, actual)
+      redis.call('HINCRBY', amt, ':sum', actual - tonumber(old))
     end
   end
 end
@@ -198,7 +196,10 @@ class LimitScope:
 
     name: str
     limits: Limits
-    keys: tuple[str, str, str, str, str] = field(repr=False)
+    keys: tuple[str, str, str] = field(repr=False)
+    """The admission log (sorted set: request id -> admitted at, ms), the token amounts (hash: request id ->
+    tokens, ``:sum`` their total, ``:exp`` when the expiry was last pushed on) and the concurrency leases
+    (sorted set: request id -> lease expiry)."""
 
     @classmethod
     def tenant(cls, tenant_id: uuid.UUID, limits: Limits) -> LimitScope:
@@ -211,8 +212,7 @@ class LimitScope:
     @classmethod
     def _make(cls, tenant_id: uuid.UUID, name: str, limits: Limits) -> LimitScope:
         base = f"baton:rl:{{{tenant_id}}}:{name}"
-        return cls(name, limits, (f"{base}:rpm", f"{base}:tpm", f"{base}:tpm:amt", f"{base}:tpm:sum",
-                                  f"{base}:conc"))
+        return cls(name, limits, (f"{base}:log", f"{base}:amt", f"{base}:conc"))
 
 
 @dataclass(slots=True)
@@ -277,7 +277,8 @@ class RateLimiter:
         self._finish = register(_FINISH)
         self._renew = register(_RENEW)
         self._held: dict[str, Lease] = {}  # leases with a concurrency slot, renewed while they run
-        self._tasks: set[asyncio.Task[None]] = set()
+        self._releases: list[tuple[Lease, int | None]] = []  # finished, not yet released
+        self._releasing: asyncio.Task[None] | None = None
         self._renewer: asyncio.Task[None] | None = None
         self._warned_at = 0.0
 
@@ -290,8 +291,8 @@ class RateLimiter:
             self._renewer.cancel()
             await asyncio.gather(self._renewer, return_exceptions=True)
             self._renewer = None
-        if self._tasks:
-            await asyncio.gather(*list(self._tasks), return_exceptions=True)
+        while self._releasing is not None:  # the releases still queued
+            await asyncio.gather(self._releasing, return_exceptions=True)
         if self._lean is not None:
             await self._lean.aclose()
 
@@ -321,31 +322,55 @@ class RateLimiter:
         return Decision(True, 0, 0.0, headers, lease)
 
     def finish(self, lease: Lease | None, actual_tokens: int | None = None) -> None:
-        """Releases the concurrency slot and corrects the token reservation, off the caller's path.
+        """Releases the concurrency slot and corrects the token reservation, off the caller's path: the
+        releases of one turn of the event loop go to Redis together, by one background task.
 
         Safe to call from ``finally`` blocks of cancelled tasks: it schedules and never awaits.
         """
         if lease is None:
             return
         self._held.pop(lease.request_id, None)
-        task = asyncio.get_running_loop().create_task(self.release(lease, actual_tokens))
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
+        self._releases.append((lease, actual_tokens))
+        if self._releasing is None:
+            self._releasing = asyncio.get_running_loop().create_task(self._release_queued())
 
-    async def release(self, lease: Lease, actual_tokens: int | None = None) -> None:
-        keys: list[str] = []
-        for s in lease.scopes:
-            keys.extend(s.keys[1:])
-        actual = -1 if actual_tokens is None else max(int(actual_tokens), 0)
+    async def _release_queued(self) -> None:
+        try:
+            while self._releases:
+                batch, self._releases = self._releases, []
+                await self._release_many(batch)
+        finally:
+            self._releasing = None
+
+    async def _release_many(self, batch: list[tuple[Lease, int | None]]) -> None:
+        calls = []
+        for lease, actual_tokens in batch:
+            keys: list[str] = []
+            for s in lease.scopes:
+                keys.extend(s.keys[1:])
+            actual = -1 if actual_tokens is None else max(int(actual_tokens), 0)
+            calls.append((keys, [lease.request_id, actual, len(lease.scopes)]))
         for attempt in range(3):
             try:
-                await self._finish(keys=keys, args=[lease.request_id, actual, len(lease.scopes)])
-                return
-            except Exception as exc:  # Redis unavailable: retry briefly; the lease expires anyway
+                if self._lean is not None:
+                    replies = await self._finish.many(calls)
+                    calls = [c for c, r in zip(calls, replies, strict=True) if isinstance(r, Exception)]
+                else:
+                    replies = await asyncio.gather(*(self._finish(keys=k, args=a) for k, a in calls),
+                                                   return_exceptions=True)
+                    calls = [c for c, r in zip(calls, replies, strict=True) if isinstance(r, BaseException)]
+                if not calls:
+                    return
+                raise ConnectionError(f"{len(calls)} releases refused")
+            except Exception as exc:  # Redis unavailable: retry briefly; the leases expire anyway
                 if attempt == 2:
-                    self._warn("could not release a rate-limit lease", exc)
+                    self._warn("could not release rate-limit leases", exc)
                     return
                 await asyncio.sleep(0.05 * (attempt + 1))
+
+    async def release(self, lease: Lease, actual_tokens: int | None = None) -> None:
+        """Releases one lease now (what :meth:`finish` queues)."""
+        await self._release_many([(lease, actual_tokens)])
 
     async def _renew_loop(self) -> None:
         while True:
@@ -358,7 +383,7 @@ class RateLimiter:
             for lease in leases:
                 for s in lease.scopes:
                     if s.limits.max_concurrency:
-                        keys.append(s.keys[4])
+                        keys.append(s.keys[2])
                         args.append(lease.request_id)
             try:
                 for i in range(0, len(keys), 1000):

@@ -4,7 +4,8 @@ redis-py's asyncio client spends about 0.15-0.3 ms of CPU per command in Python 
 checkout and release, retry and timeout wrappers, event dispatch, observability hooks, the parser):
 more than a whole gateway request should cost. The gateway's hot path sends only ``EVALSHA``; here a
 command is one write on a shared connection and its reply is parsed in ``data_received`` (RESP2),
-with any number of commands in flight, answered in order.
+with any number of commands in flight, answered in order; the commands of one turn of the event loop go
+out in one write (so under load Redis reads many with one system call).
 
 :func:`lean_scripts` builds one from a ``redis.asyncio.Redis`` client's own connection settings when
 that client talks plain TCP (host, port, db, username, password, socket timeouts); for anything else
@@ -80,6 +81,21 @@ class _Protocol(asyncio.Protocol):
         self.buf = bytearray()
         self.waiting: deque[asyncio.Future[Any]] = deque()
         self.lost = False
+        self.out: list[bytes] = []  # commands queued in this turn of the event loop, written together
+        self.flushing = False
+
+    def send(self, data: bytes) -> None:
+        """Queues a command; everything queued in one turn of the event loop goes out in one write."""
+        self.out.append(data)
+        if not self.flushing:
+            self.flushing = True
+            asyncio.get_running_loop().call_soon(self.flush)
+
+    def flush(self) -> None:
+        self.flushing = False
+        if self.out and self.transport is not None and not self.lost:
+            self.transport.write(b"".join(self.out))
+        self.out.clear()
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]
@@ -132,23 +148,35 @@ class LeanScripts:
         return Script(self, source)
 
     async def call(self, *parts: bytes | str | int) -> Any:
+        [value] = await self.call_many([parts])
+        if isinstance(value, RedisReplyError):
+            raise value
+        return value
+
+    async def call_many(self, commands: Sequence[Sequence[bytes | str | int]]) -> list[Any]:
+        """Several commands sent together; their replies in order, an error reply as a :class:`RedisReplyError`
+        value (not raised). A lost connection or a timeout raises for all of them."""
         proto = self._proto
         if proto is None or proto.lost:
             proto = await self._connect()
         loop = asyncio.get_running_loop()
-        fut: asyncio.Future[Any] = loop.create_future()
-        proto.waiting.append(fut)
-        assert proto.transport is not None
-        proto.transport.write(_command(*parts))
-        timer = loop.call_later(self._timeout, self._timed_out, proto, fut) if self._timeout else None
+        futs: list[asyncio.Future[Any]] = []
+        for parts in commands:
+            fut: asyncio.Future[Any] = loop.create_future()
+            proto.waiting.append(fut)
+            proto.send(_command(*parts))
+            futs.append(fut)
+        timer = loop.call_later(self._timeout, self._timed_out, proto, futs[-1]) if self._timeout else None
         try:
-            value = await fut
+            return [await fut for fut in futs]
+        except BaseException:
+            for fut in futs:  # failed together (the connection is gone): retrieved, so none is logged
+                if fut.done() and not fut.cancelled():
+                    fut.exception()
+            raise
         finally:
             if timer is not None:
                 timer.cancel()
-        if isinstance(value, RedisReplyError):
-            raise value
-        return value
 
     def _timed_out(self, proto: _Protocol, fut: asyncio.Future[Any]) -> None:
         if not fut.done():
@@ -198,12 +226,22 @@ class Script:
         self._sha = hashlib.sha1(source.encode(), usedforsecurity=False).hexdigest()
 
     async def __call__(self, keys: Sequence[str] = (), args: Sequence[int | str] = ()) -> Any:
-        try:
-            return await self._client.call("EVALSHA", self._sha, len(keys), *keys, *args)
-        except RedisReplyError as exc:
-            if not str(exc).startswith("NOSCRIPT"):
-                raise
-        return await self._client.call("EVAL", self._source, len(keys), *keys, *args)
+        [value] = await self.many([(keys, args)])
+        if isinstance(value, RedisReplyError):
+            raise value
+        return value
+
+    async def many(self, calls: Sequence[tuple[Sequence[str], Sequence[int | str]]]) -> list[Any]:
+        """The script run once per ``(keys, args)``, all sent together; the replies in order (an error reply
+        as a :class:`RedisReplyError` value)."""
+        out = await self._client.call_many([("EVALSHA", self._sha, len(k), *k, *a) for k, a in calls])
+        unknown = [i for i, v in enumerate(out) if isinstance(v, RedisReplyError) and str(v).startswith("NOSCRIPT")]
+        if unknown:
+            again = await self._client.call_many(
+                [("EVAL", self._source, len(calls[i][0]), *calls[i][0], *calls[i][1]) for i in unknown])
+            for i, v in zip(unknown, again, strict=True):
+                out[i] = v
+        return out
 
 
 def lean_scripts(redis: Any) -> LeanScripts | None:

@@ -152,6 +152,24 @@ def test_running_requests_keep_their_slot_past_the_lease(run) -> None:  # type: 
     assert run(go, lease_s=0.3) == [0, DENIED_CONCURRENCY, 0]
 
 
+def test_releases_queued_together_free_every_slot_and_correct_every_reservation(run) -> None:  # type: ignore[no-untyped-def]
+    _, scopes = _scopes(tpm=100_000, concurrency=20)
+
+    async def go(limiter: RateLimiter, client: aioredis.Redis) -> tuple[int, list[bool], int]:
+        first = await asyncio.gather(*(limiter.admit(uuid.uuid4().hex, scopes, 1000) for _ in range(20)))
+        full = await limiter.admit(uuid.uuid4().hex, scopes, 1000)
+        for i, d in enumerate(first):
+            limiter.finish(d.lease, i)  # one turn of the loop: released together, by one task
+        while limiter._releasing is not None:  # noqa: ASYNC110 - the queue's own task; no event to wait on
+            await asyncio.sleep(0.01)
+        again = await asyncio.gather(*(limiter.admit(uuid.uuid4().hex, scopes, 1) for _ in range(20)))
+        return full.reason, [d.allowed for d in again], int(await client.hget(scopes[0].keys[1], ":sum"))
+
+    reason, again, used = run(go)
+    assert reason == DENIED_CONCURRENCY and all(again)
+    assert used == sum(range(20)) + 20  # each reservation corrected to what it used, plus the 20 new ones
+
+
 def test_redis_down_fails_open_by_default(run) -> None:  # type: ignore[no-untyped-def]
     _, scopes = _scopes(rpm=1)
 
@@ -175,7 +193,7 @@ def test_the_limiter_runs_its_scripts_over_the_lean_connection(run) -> None:  # 
         assert sorted(d.allowed for d in decisions) == [False, True, True]  # pipelined, answered in order
         lease = next(d.lease for d in decisions if d.allowed)
         await limiter.release(lease, 40)
-        assert int(await client.get(scopes[0].keys[3])) == 140  # the reservation corrected to what was used
+        assert int(await client.hget(scopes[0].keys[1], ":sum")) == 140  # the reservation corrected to what was used
 
     run(go)
 
