@@ -90,14 +90,14 @@ def gateway_env(tenant: BatonTenant, *, upstreams: dict[str, str], tracing: bool
     return env
 
 
-def start_gateway(name: str, env: dict[str, str], *, cpus: list[int] | None = None,
+def start_gateway(name: str, env: dict[str, str], *, cpus: list[int] | None = None, workers: int = 1,
                   timeout_s: float = 60.0) -> tuple[Proc, str]:
-    """Baton's gateway as ``baton gateway run`` starts it, one worker; returns the process and its ``/v1``
-    base URL."""
+    """Baton's gateway as ``baton gateway run`` starts it (``workers`` processes); returns the process (and
+    its children) and its ``/v1`` base URL."""
     port = free_port()
     # as it ships (`baton gateway run`: uvloop, httptools, the gateway's keep-alive and shutdown settings)
     cmd = [python(), "-m", "baton.cli.main", "gateway", "run", "--host", "127.0.0.1", "--port", str(port),
-           "--workers", "1"]
+           "--workers", str(workers)]
     proc = Proc(name, cmd, env=env, cpus=cpus).start()
     try:
         proc.wait_http(f"http://127.0.0.1:{port}/healthz", timeout_s=timeout_s)

@@ -268,6 +268,10 @@ def _gateway_target_rows(h: dict[str, Any]) -> list[list[str]]:
     if "rss_mb" in tt:
         rows.append(["baton: gateway RSS", f"<= {tt['rss_mb']:g} MB", f"{_num(tp['rss_mb'], 0)} MB",
                      _verdict(tp["rss_mb"], tt["rss_mb"])])
+    if "workers_over_one" in tt:
+        rows.append([f"baton: req/s of {tp['workers']} worker processes / one", f">= {tt['workers_over_one']:g}",
+                     _num(tp["workers_over_one"], 2), _verdict(tp["workers_over_one"], tt["workers_over_one"],
+                                                               at_most=False)])
     return rows
 
 

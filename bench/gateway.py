@@ -58,6 +58,8 @@ class GatewayConfig:
     """``--upstream zero``: the stub's pause between a stream's token writes (each token its own write)."""
     stub_batched: bool = False
     """``--upstream zero``: the stub writes each stream whole (no per-token figure then)."""
+    scaling_workers: int = 2
+    """The throughput phase also runs Baton (tracing on) with this many worker processes (0 or 1: not)."""
 
     def arms(self) -> list[str]:
         arms = ["direct"]
@@ -78,6 +80,8 @@ class Arm:
     results: list[stats.RequestResult] = field(default_factory=list)
     cpu_s: float = 0.0
     rss_max_mb: float = 0.0
+    latency: bool = True
+    """Takes part in the latency rounds (else only in the throughput phase)."""
 
     def cpu_now(self) -> float:
         return self.proc.cpu_seconds() if self.proc else 0.0
@@ -95,9 +99,10 @@ def run_gateway(cfg: GatewayConfig, *, progress: ProgressFactory | None = None, 
         arms = _start_arms(cfg, stack, out, log)
         tok = _tokenizer(cfg)
         rounds = []
+        timed = [a for a in arms if a.latency]
         for conc in cfg.concurrency:
-            log(f"concurrency {conc}: {cfg.blocks} blocks x {len(arms)} arms")
-            rounds.append(_latency_round(cfg, arms, conc, tok, progress))
+            log(f"concurrency {conc}: {cfg.blocks} blocks x {len(timed)} arms")
+            rounds.append(_latency_round(cfg, timed, conc, tok, progress))
         out["rounds"] = rounds
         n_tp = cfg.throughput_requests or (2000 if cfg.upstream == "zero" else 0)
         if n_tp:
@@ -149,6 +154,13 @@ def _start_arms(cfg: GatewayConfig, stack: contextlib.ExitStack, out: dict[str, 
             stack.callback(proc.stop)
             result.append(Arm(name, client.Target(base_url=url, model=cfg.model, api_key=tenant.api_key, name=name),
                               proc))
+            if name == "baton" and cfg.scaling_workers > 1 and (cfg.throughput_requests or cfg.upstream == "zero"):
+                # the same gateway with N worker processes, for the throughput phase: does it scale?
+                wname = f"baton-{cfg.scaling_workers}w"
+                proc, url = arms_mod.start_gateway(wname, env, cpus=cfg.gateway_cpus, workers=cfg.scaling_workers)
+                stack.callback(proc.stop)
+                result.append(Arm(wname, client.Target(base_url=url, model=cfg.model, api_key=tenant.api_key,
+                                                       name=wname), proc, latency=False))
     if "litellm" in want:
         try:
             log("litellm: preparing its venv (first use installs litellm[proxy]) and starting the proxy")
@@ -305,6 +317,12 @@ def headline(res: dict[str, Any]) -> dict[str, Any]:
     if tp:
         h["throughput"] = {"requests_per_cpu_s": tp["requests_per_cpu_s"], "requests_per_s": tp["requests_per_s"],
                            "rss_mb": tp["rss_mb"], "targets": {"requests_per_cpu_s": 1000, "rss_mb": 200}}
+        n = res["config"].get("scaling_workers") or 0
+        many = res.get("throughput", {}).get(f"baton-{n}w")
+        if many and many["requests_per_s"] and tp["requests_per_s"]:
+            h["throughput"]["workers"] = n
+            h["throughput"]["workers_over_one"] = many["requests_per_s"] / tp["requests_per_s"]
+            h["throughput"]["targets"]["workers_over_one"] = 0.9 * n
     return h
 
 

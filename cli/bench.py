@@ -233,6 +233,9 @@ def gateway(  # noqa: PLR0917 - typer options
         "--stub-token-gap-ms", min=0, help="--upstream zero: pause between the stub's token writes.")] = 1.0,
     stub_batched: Annotated[bool, typer.Option(
         "--stub-batched", help="--upstream zero: the stub writes each stream whole (no per-token ITL).")] = False,
+    scaling_workers: Annotated[int, typer.Option(
+        "--scaling-workers", min=0, help="The throughput phase also runs Baton with this many worker processes "
+        "(0 or 1: not).")] = 2,
     out: OutOpt = None,
 ) -> None:
     """Added latency of Baton's gateway (and of LiteLLM's proxy) over the bare upstream, in one run."""
@@ -248,7 +251,8 @@ def gateway(  # noqa: PLR0917 - typer options
                         litellm=litellm, concurrency=list(concurrency or [1]), blocks=blocks, block_size=block_size,
                         input_len=input_len, output_len=output_len, seed=seed, db_url=db_url,
                         throughput_requests=throughput_requests, throughput_concurrency=throughput_concurrency,
-                        gateway_cpus=cpus, stub_token_gap_ms=stub_token_gap_ms, stub_batched=stub_batched)
+                        gateway_cpus=cpus, stub_token_gap_ms=stub_token_gap_ms, stub_batched=stub_batched,
+                        scaling_workers=scaling_workers)
     with _progress() as factory:
         result = run_gateway(cfg, progress=factory, log=typer.echo)
     path = report.write_json(_out_path(out, f"gateway-{upstream}"), result)

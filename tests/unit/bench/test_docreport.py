@@ -88,7 +88,9 @@ def _gateway() -> dict[str, Any]:
         "direct": {"requests": 100, "completed": 100, "duration_s": 1.0, "requests_per_s": 100.0, "proxy_cpu_s": None,
                    "requests_per_cpu_s": None, "rss_mb": None, "ttft_ms": ttft},
         "baton": {"requests": 100, "completed": 100, "duration_s": 4.0, "requests_per_s": 25.0, "proxy_cpu_s": 0.193,
-                  "requests_per_cpu_s": 519.0, "rss_mb": 123.4, "ttft_ms": ttft}}
+                  "requests_per_cpu_s": 519.0, "rss_mb": 123.4, "ttft_ms": ttft},
+        "baton-2w": {"requests": 100, "completed": 100, "duration_s": 2.5, "requests_per_s": 40.0,
+                     "proxy_cpu_s": 0.2, "requests_per_cpu_s": 500.0, "rss_mb": 300.0, "ttft_ms": ttft}}
     out = {"benchmark": "gateway", "config": dataclasses.asdict(GatewayConfig(upstream="zero")), "notes": [],
            "upstream_url": "http://127.0.0.1:9100/v1", "rounds": rounds, "throughput": throughput,
            "rss_mb": {"baton": 123.4}}
@@ -178,6 +180,8 @@ def test_gateway_latency_added_over_direct_throughput_and_targets(tmp_path: Path
     assert "| baton / LiteLLM, added TTFT p50 | <= 0.1 | 0.09 | yes |" in text
     assert "| baton: requests per gateway CPU-second | >= 1,000 | 519 | **no** |" in text
     assert "| baton: gateway RSS | <= 200 MB | 123 MB | yes |" in text
+    assert "| baton-2w | 100/100 | 40 | 500 | 300 MB |" in text  # the throughput phase's 2-worker gateway
+    assert "| baton: req/s of 2 worker processes / one | >= 1.8 | 1.60 | **no** |" in text
 
 
 def test_handoff_efficiency_judged_from_the_target_length(tmp_path: Path) -> None:
