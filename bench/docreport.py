@@ -298,7 +298,7 @@ def _handoff(d: dict[str, Any]) -> str:
             judged += [met] if at else []
             rows.append([s["shape"], f"{r['prompt_len']:,}", _num(_div(r["kv_bytes"], 1e6), 2),
                          _num(r["nixl_xfer_ms"], 3), _num(r["ideal_memcpy_ms"], 3), _num(r["efficiency"], 2),
-                         _num(_div(r["kv_bytes"], r["nixl_xfer_ms"], 1e-6), 1), str(r["failed_transfers"]),
+                         _num(_div(r["kv_bytes"], r["nixl_xfer_ms"], 1e-6), 1), _num(r["failed_transfers"], 0),
                          f">= {t['efficiency']:g}" if at else "", met])
     kv = ", ".join(f"`{s['shape']}` {s['kv_bytes_per_token']:,} B of KV per token" for s in d["shapes"])
     head = (f"memcpy {_num(mem['best_GBps'], 2)} GB/s best ({_num(mem['median_GBps'], 2)} median), link setting "
