@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import builtins
 import datetime as dt
+import operator
 import uuid
 from collections.abc import Mapping, Sequence
 from typing import Any, Generic, TypeVar
@@ -65,14 +66,20 @@ def _insert_ignoring_duplicates(
     with translated():
         conn = session.connection()
         (create, copy_in, insert_new, empty), procs = _staged_insert(table, names, key, conn.dialect)
-        pairs = tuple(zip(names, procs, strict=True))
+        values = operator.itemgetter(*names) if len(names) > 1 else (lambda r: (r[names[0]],))
+        convert = [(i, proc) for i, proc in enumerate(procs) if proc is not None]
         raw: Any = conn.connection.driver_connection
         try:
             with raw.cursor() as cur:
                 cur.execute(create)
                 with cur.copy(copy_in) as copy:
                     for r in rows:
-                        copy.write_row([r[name] if proc is None else proc(r[name]) for name, proc in pairs])
+                        row = values(r)
+                        if convert:
+                            row = list(row)
+                            for i, proc in convert:
+                                row[i] = proc(row[i])
+                        copy.write_row(row)
                 cur.execute(insert_new)
                 written = max(cur.rowcount, 0)
                 cur.execute(empty)
