@@ -1,5 +1,5 @@
-"""`baton bench gateway --upstream zero` end to end on a small load: Baton's real gateway (uvicorn
-process, Postgres tenant and key, Redis limits) in front of the zero-latency stub, no engine."""
+"""`baton bench gateway --upstream zero` end to end on a small load: Baton's real gateway (`baton gateway
+run`, Postgres tenant and key, Redis limits) in front of the zero-latency stub, no engine."""
 
 from __future__ import annotations
 
@@ -32,4 +32,9 @@ def test_gateway_bench_runs_every_arm_and_reports_added_latency(pg_url: str, tmp
     assert "tracing_overhead" in rnd["ratios"]
     tp = res["throughput"]["baton"]
     assert tp["completed"] == 30 and tp["requests_per_cpu_s"] > 0 and tp["rss_mb"] > 0
-    assert res["headline"]["throughput"]["targets"] == {"requests_per_cpu_s": 1000, "rss_mb": 200}
+    assert res["headline"]["throughput"]["targets"] == {"requests_per_cpu_s": 1000, "rss_mb": 200,
+                                                        "workers_over_one": 1.8}
+    # the same gateway with 2 worker processes, in the throughput phase only: both serve, both are counted
+    two = res["throughput"]["baton-2w"]
+    assert two["completed"] == 30 and two["requests_per_cpu_s"] > 0 and "baton-2w" not in rnd["arms"]
+    assert res["headline"]["throughput"]["workers_over_one"] > 0
