@@ -540,8 +540,14 @@ def _idle_targets(d: dict[str, Any]) -> list[list[str]]:
 
 
 def _path_targets(d: dict[str, Any]) -> list[list[str]]:
-    return [[f"serving path: `{name}`", f"{r['target']:g}", _num(r["measured"], 2),
-             "n/a" if r["met"] is None else _met(r["met"])] for name, r in (d.get("targets") or {}).items()]
+    rows = []
+    for name, r in (d.get("targets") or {}).items():
+        m, t = r["measured"], r["target"]
+        # the result states no direction: the one its own verdict implies
+        at_most = r["met"] is None or not isinstance(m, int | float) or r["met"] == (m <= t)
+        rows.append([f"serving path: `{name}`", f"{'<=' if at_most else '>='} {t:g}", _num(m, 2),
+                     "n/a" if r["met"] is None else _met(r["met"])])
+    return rows
 
 
 TARGETS: dict[str, Callable[[dict[str, Any]], list[list[str]]]] = {
