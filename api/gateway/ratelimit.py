@@ -343,7 +343,7 @@ class RateLimiter:
             self._releasing = None
 
     async def _release_many(self, batch: list[tuple[Lease, int | None]]) -> None:
-        calls = []
+        calls: list[tuple[list[str], list[int | str]]] = []
         for lease, actual_tokens in batch:
             keys: list[str] = []
             for s in lease.scopes:

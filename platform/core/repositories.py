@@ -81,7 +81,7 @@ def _insert_ignoring_duplicates(
                                 row[i] = proc(row[i])
                         copy.write_row(row)
                 cur.execute(insert_new)
-                written = max(cur.rowcount, 0)
+                written = max(int(cur.rowcount), 0)
                 cur.execute(empty)
         except psycopg.Error as exc:  # the driver's own, not wrapped by SQLAlchemy: translated the same way
             if raw.closed or raw.broken:
