@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import builtins
 import datetime as dt
+import hashlib
 import operator
 import uuid
 from collections.abc import Mapping, Sequence
@@ -35,7 +36,8 @@ def _staged_insert(
     if known is not None:
         return known
     cols = ", ".join(f'"{n}"' for n in names)
-    stage = f'"_staged_{table.name}"'
+    # one staging table per table and column set: a connection may insert other columns another time
+    stage = f'"_staged_{table.name}_{hashlib.sha1(cols.encode(), usedforsecurity=False).hexdigest()[:12]}"'
     statements = (
         # A temporary table of this connection: no row-level security, no indexes.
         f'CREATE TEMPORARY TABLE IF NOT EXISTS {stage} AS SELECT {cols} FROM "{table.name}" WITH NO DATA',

@@ -82,6 +82,22 @@ def test_a_batch_already_written_in_part_is_written_again_without_duplicates(db:
     assert _count(db, tid) == (4, 2)
 
 
+def test_one_connection_inserts_rows_of_two_column_sets(settings: Settings, db: Database) -> None:
+    tid = _tenant(db)
+    fresh = Database(make_engine(settings.db.service_url(), pool_size=1))  # a connection with no staging table yet
+    try:
+        with fresh.system() as uow:  # each column set gets its own staging table on the connection
+            fewer = _outcome(tid).rows()[0]
+            assert fewer is not None
+            del fewer["cached_tokens"]  # the column's default
+            assert uow.usage.insert_many([fewer]) == 1
+            assert uow.usage.insert_many([_outcome(tid).rows()[0]]) == 1  # type: ignore[list-item]
+            uow.commit()
+    finally:
+        fresh.dispose()
+    assert _count(db, tid) == (2, 0)
+
+
 async def _until(check: Callable[[], bool], timeout_s: float = 30.0) -> None:
     """Polls ``check`` (a loaded machine may take its time; only the outcome is asserted)."""
     deadline = time.monotonic() + timeout_s
