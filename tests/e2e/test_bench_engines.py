@@ -5,28 +5,18 @@ benchmarks' to report (docs/benchmarks.md), not the tests'."""
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from tests.bench_cli import run_bench
+
 pytestmark = pytest.mark.e2e
 
-ROOT = Path(__file__).resolve().parents[2]
-
-
 def _bench(tmp_path: Path, *args: str) -> dict[str, Any]:
-    out = tmp_path / f"{args[0]}.json"
-    run = subprocess.run([sys.executable, "-m", "baton.cli.main", "bench", *args, "--out", str(out)], cwd=ROOT,
-                         capture_output=True, text=True, timeout=900)
-    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
-    result: dict[str, Any] = json.loads(out.read_text())
-    prov = result["provenance"]
-    assert prov["commit"] and prov["command"][1:3] == ["bench", args[0]] and prov["end"]["time"]
-    assert out.with_suffix(".png").exists()
+    result = run_bench(tmp_path, *args, timeout_s=900)
+    assert (tmp_path / f"{args[0]}.png").exists()
     return result
 
 

@@ -5,41 +5,26 @@ process; every decision taken). The figures themselves are the benchmarks' to re
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
 from pathlib import Path
-from typing import Any
 
-ROOT = Path(__file__).resolve().parents[3]
-
-
-def _bench(tmp_path: Path, *args: str) -> dict[str, Any]:
-    out = tmp_path / f"{args[0]}.json"
-    run = subprocess.run([sys.executable, "-m", "baton.cli.main", "bench", *args, "--out", str(out)], cwd=ROOT,
-                         capture_output=True, text=True, timeout=600)
-    assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-3000:]
-    result: dict[str, Any] = json.loads(out.read_text())
-    prov = result["provenance"]
-    assert prov["commit"] and prov["command"][1:3] == ["bench", args[0]] and prov["end"]["time"]
-    return result
+from tests.bench_cli import run_bench
 
 
 def test_ingest_loses_nothing_across_a_postgres_outage(pg_url: str, tmp_path: Path) -> None:
-    r = _bench(tmp_path, "ingest", "--records", "3000", "--outage", "1", "--batch-size", "200", "--db-url", pg_url)
+    r = run_bench(tmp_path, "ingest", "--records", "3000", "--outage", "1", "--batch-size", "200", "--db-url", pg_url)
     assert r["outage_seen"] and r["failed_flushes"] > 0  # the outage happened: writes failed and were retried
     assert (r["usage_rows"], r["request_rows"], r["lost"], r["duplicated"]) == (3000, 3000, 0, 0)
     assert r["records_per_s"] > 0
 
 
 def test_ratelimit_decides_from_several_processes(tmp_path: Path) -> None:
-    r = _bench(tmp_path, "ratelimit", "--processes", "2", "--concurrency", "4", "--duration", "0.5")
+    r = run_bench(tmp_path, "ratelimit", "--processes", "2", "--concurrency", "4", "--duration", "0.5")
     assert r["decisions"] > 0 and r["denied"] == 0 and len(r["per_process_per_s"]) == 2
     assert all(x > 0 for x in r["per_process_per_s"]) and r["latency_ms"]["p99"] > 0
 
 
 def test_revoke_is_seen_by_every_gateway_process(pg_url: str, tmp_path: Path) -> None:
-    r = _bench(tmp_path, "revoke", "--gateways", "2", "--revocations", "3", "--db-url", pg_url)
+    r = run_bench(tmp_path, "revoke", "--gateways", "2", "--revocations", "3", "--db-url", pg_url)
     assert r["missed"] == 0 and r["seen_by_all_ms"]["count"] == 3
     assert [g["count"] for g in r["per_gateway_ms"]] == [3, 3]
 
@@ -49,7 +34,7 @@ def test_serve_loads_an_openai_endpoint_and_writes_its_plot(tmp_path: Path) -> N
 
     stub, url = start_stub("stub-serve-smoke", token_gap_ms=0.5)
     try:
-        r = _bench(tmp_path, "serve", "--base-url", url, "--model", "stub", "--request-rate", "8,inf",
+        r = run_bench(tmp_path, "serve", "--base-url", url, "--model", "stub", "--request-rate", "8,inf",
                    "--num-prompts", "6", "--input-len", "16", "--output-len", "4", "--warmup", "1")
     finally:
         stub.stop()
