@@ -8,8 +8,9 @@ that reached the engine (``usage_records``, idempotent on ``request_id``) and on
 steps taken (:class:`baton.core.contracts.RecoveryStep`) and the decode server's measured phases
 (:class:`baton.core.contracts.Phase`, merged from its facts by ``enrich``), in one system-scope transaction.
 
-A batch goes in through ``COPY`` (see the repositories' ``insert_many``), and two batches are written
-at once (``writers``), so one is formatted while another commits. If Postgres is unavailable the batch
+A large batch goes in through ``COPY``, a small one with one ``INSERT`` (see the repositories'
+``insert_many``), and two batches are written at once (``writers``), so one is formatted while another
+commits. If Postgres is unavailable the batch
 goes back to the buffer and is retried with backoff; because both inserts are idempotent (``ON CONFLICT
 DO NOTHING`` on ``request_id`` and ``id``) a retry after an ambiguous failure writes nothing twice. The
 buffer is bounded (``max_buffer``): when it is full the gateway refuses new requests with 503

@@ -55,7 +55,7 @@ def _count(db: Database, tid: uuid.UUID) -> tuple[int, int]:
     return usage, records
 
 
-def test_outcomes_become_one_usage_row_and_one_request_record_each(db: Database) -> None:
+def test_outcomes_become_one_usage_row_and_one_request_record_each(db: Database, insert_path: str) -> None:
     tid = _tenant(db)
     done = _outcome(tid)
     failed = _outcome(tid, metered=False, status=m.RequestStatus.FAILED, http_status=502, first_token=None, gaps=[])
@@ -69,7 +69,7 @@ def test_outcomes_become_one_usage_row_and_one_request_record_each(db: Database)
         assert rec.itl_p50_ms == pytest.approx(10, abs=0.5) and rec.itl_p99_ms == pytest.approx(20, abs=0.5)
 
 
-def test_a_batch_already_written_in_part_is_written_again_without_duplicates(db: Database) -> None:
+def test_a_batch_already_written_in_part_is_written_again_without_duplicates(db: Database, insert_path: str) -> None:
     tid = _tenant(db)
     done, new = _outcome(tid), _outcome(tid)
     assert write_outcomes(db, [done]) == 1
@@ -82,7 +82,16 @@ def test_a_batch_already_written_in_part_is_written_again_without_duplicates(db:
     assert _count(db, tid) == (4, 2)
 
 
-def test_one_connection_inserts_rows_of_two_column_sets(settings: Settings, db: Database) -> None:
+@pytest.fixture(params=["few", "staged"])
+def insert_path(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Both ways a batch goes in: one ``INSERT ... unnest`` (a few rows) and ``COPY`` through a staging table."""
+    from baton.core import repositories
+
+    monkeypatch.setattr(repositories, "STAGE_FROM_ROWS", 10**9 if request.param == "few" else 0)
+    return str(request.param)
+
+
+def test_one_connection_inserts_rows_of_two_column_sets(settings: Settings, db: Database, insert_path: str) -> None:
     tid = _tenant(db)
     fresh = Database(make_engine(settings.db.service_url(), pool_size=1))  # a connection with no staging table yet
     try:
