@@ -62,14 +62,14 @@ def _insert_few(session: Session, model: type[m.Base], key: str, rows: Sequence[
         return max(int(conn.exec_driver_sql(sql, arrays).rowcount), 0)
 
 
-#: (table, columns) -> (statements, bind processor per column), built on first use.
-_STAGED_INSERTS: dict[tuple[str, tuple[str, ...]], tuple[tuple[str, str, str, str], list[Any]]] = {}
+#: (table, columns, conflict key) -> (statements, bind processor per column), built on first use.
+_STAGED_INSERTS: dict[tuple[str, tuple[str, ...], str], tuple[tuple[str, str, str, str], list[Any]]] = {}
 
 
 def _staged_insert(
     table: Any, names: tuple[str, ...], key: str, dialect: Any
 ) -> tuple[tuple[str, str, str, str], list[Any]]:
-    known = _STAGED_INSERTS.get((table.name, names))
+    known = _STAGED_INSERTS.get((table.name, names, key))
     if known is not None:
         return known
     cols = ", ".join(f'"{n}"' for n in names)
@@ -83,7 +83,7 @@ def _staged_insert(
         f"TRUNCATE {stage}",
     )
     procs = [table.c[n].type.dialect_impl(dialect).bind_processor(dialect) for n in names]
-    known = _STAGED_INSERTS[(table.name, names)] = (statements, procs)
+    known = _STAGED_INSERTS[(table.name, names, key)] = (statements, procs)
     return known
 
 
@@ -91,14 +91,18 @@ def _insert_ignoring_duplicates(
     session: Session, model: type[m.Base], key: str, rows: Sequence[dict[str, Any]]
 ) -> int:
     """INSERT ... ON CONFLICT DO NOTHING of many rows (all with the same keys); returns how many were new.
-
-    The rows are ``COPY``'d into a temporary table, then inserted from it in one statement: the driver
-    formats the rows in C and the server plans one ``INSERT`` per batch, several times cheaper than
-    binding arrays or a multi-row ``VALUES`` (a ``COPY`` straight into the table would not be idempotent,
-    and is refused under row-level security). Values go through the columns' own bind processing (enums,
-    JSONB). A failed batch leaves nothing behind: the staged rows roll back with the transaction."""
+    Values go through the columns' own bind processing (enums, JSONB)."""
     if len(rows) < STAGE_FROM_ROWS:  # four statements per table cost more than they save on a few rows
         return _insert_few(session, model, key, rows)
+    return _insert_staged(session, model, key, rows)
+
+
+def _insert_staged(session: Session, model: type[m.Base], key: str, rows: Sequence[dict[str, Any]]) -> int:
+    """Many rows ``COPY``'d into a temporary table, then inserted from it in one statement: the driver
+    formats the rows in C and the server plans one ``INSERT`` per batch, several times cheaper than
+    binding arrays or a multi-row ``VALUES`` (a ``COPY`` straight into the table would not be idempotent,
+    and is refused under row-level security). A failed batch leaves nothing behind: the staged rows roll
+    back with the transaction."""
     import psycopg
     from sqlalchemy.exc import DBAPIError
 
