@@ -482,22 +482,51 @@ class ResumingRelay(SSERelay):
 
     def _event(self, ev: bytes, st: _Stream, now: float) -> tuple[bytes | None, str | None]:
         """One upstream SSE event -> (bytes for the client, failure)."""
+        obj, choice, failure = self._parse(ev, st)
+        if obj is None or choice is None:
+            return None, failure
+        ids = self._take_ids(obj, choice, st)
+        text = choice.get("text") if not self._chat else (choice.get("delta") or {}).get("content")
+        finish = choice.get("finish_reason")
+        if isinstance(ids, list) and ids and not text and finish is None and st.ids_ok:
+            # The engine's detokenizer holds this token's text back (part of a character); the relay holds
+            # the chunk back too, so that a resume never starts right after it: an engine primed with a
+            # prompt that ends inside a character emits the whole prompt's text with its next token.
+            if st.resumed:
+                obj = self._reframe(obj, choice, st, ids if self._client_ids else None)
+            st.held.append(b"data: " + orjson.dumps(obj) + b"\n\n")
+            st.held_ids.extend(ids)
+            return None, None
+        held, n_held = b"".join(st.held), len(st.held_ids)
+        st.sent.extend(st.held_ids)
+        st.held.clear()
+        st.held_ids.clear()
+        self._count(ids, bool(text), n_held, st, now)
+        if finish is not None:
+            st.finished = True
+        if st.resumed:
+            obj = self._reframe(obj, choice, st, ids if self._client_ids else None)
+        return held + b"data: " + orjson.dumps(obj) + b"\n\n", None
+
+    def _parse(self, ev: bytes, st: _Stream) -> tuple[dict[str, Any] | None, dict[str, Any] | None, str | None]:
+        """An event's chunk and its first choice, or (None, None, why it breaks the stream or None). Notes
+        ``[DONE]`` and the engine's usage; a usage-only chunk is kept for the end, not relayed now."""
         if ev.lstrip().startswith(b"event: error") or b"\nevent: error" in ev:
-            return None, "upstream error event"
+            return None, None, "upstream error event"
         raw = _data(ev)
         if raw is None:
-            return None, None
+            return None, None, None
         if raw == b"[DONE]":
             st.done = True
-            return None, None
+            return None, None, None
         try:
             obj = orjson.loads(raw)
         except orjson.JSONDecodeError:
-            return None, "malformed upstream event"
+            return None, None, "malformed upstream event"
         if not isinstance(obj, dict):
-            return None, "malformed upstream event"
+            return None, None, "malformed upstream event"
         if "error" in obj or obj.get("object") == "error":
-            return None, "upstream error in stream"
+            return None, None, "upstream error in stream"
         choices = obj.get("choices")
         usage = obj.get("usage")
         if isinstance(usage, dict):
@@ -506,10 +535,15 @@ class ResumingRelay(SSERelay):
             if isinstance(usage, dict):
                 obj.pop("prompt_token_ids", None)
                 st.usage_event = obj
-            return None, None
+            return None, None, None
         choice = choices[0] if isinstance(choices, list) and isinstance(choices[0], dict) else None
         if choice is None:
-            return None, "malformed upstream event"
+            return None, None, "malformed upstream event"
+        return obj, choice, None
+
+    def _take_ids(self, obj: dict[str, Any], choice: dict[str, Any], st: _Stream) -> Any:
+        """The chunk's token ids (and, first, the prompt's), removed from what the client gets unless it asked
+        for them; the engine's usage removed where the relay writes its own."""
         if st.resumed:
             obj.pop("prompt_token_ids", None)
             choice.pop("prompt_token_ids", None)
@@ -526,48 +560,29 @@ class ResumingRelay(SSERelay):
         ids = choice.get("token_ids")
         if not self._client_ids:
             choice.pop("token_ids", None)
-        if isinstance(usage, dict) and (self._strip or st.resumed):
+        if isinstance(obj.get("usage"), dict) and (self._strip or st.resumed):
             obj.pop("usage", None)
-        text = choice.get("text") if not self._chat else (choice.get("delta") or {}).get("content")
-        finish = choice.get("finish_reason")
-        if isinstance(ids, list) and ids and not text and finish is None and st.ids_ok:
-            # The engine's detokenizer holds this token's text back (part of a character); the relay holds
-            # the chunk back too, so that a resume never starts right after it: an engine primed with a
-            # prompt that ends inside a character emits the whole prompt's text with its next token.
-            if st.resumed:
-                obj = self._reframe(obj, choice, st, ids if self._client_ids else None)
-            st.held.append(b"data: " + orjson.dumps(obj) + b"\n\n")
-            st.held_ids.extend(ids)
-            return None, None
-        held = b""
-        if st.held:
-            held = b"".join(st.held)
-            st.sent.extend(st.held_ids)
-            n_held = len(st.held_ids)
-            st.held.clear()
-            st.held_ids.clear()
-        else:
-            n_held = 0
+        return ids
+
+    def _count(self, ids: Any, has_text: bool, n_held: int, st: _Stream, now: float) -> None:
+        """Counts the tokens this chunk (and those held back before it) brings to the client: the outcome's
+        completion tokens, first-token time and inter-token gaps."""
         if isinstance(ids, list):
             n = len(ids) + n_held
             st.sent.extend(ids)
         else:
-            n = 1 if text else 0
+            n = 1 if has_text else 0
             if n:
                 st.ids_ok = False
-        if n:
-            outcome = self._outcome
-            if outcome.first_token is None:
-                outcome.first_token = now
-            else:
-                outcome.gaps.append(now - self._last_pc)
-            self._last_pc = now
-            outcome.completion_tokens = len(st.sent) if st.ids_ok else outcome.completion_tokens + n
-        if finish is not None:
-            st.finished = True
-        if st.resumed:
-            obj = self._reframe(obj, choice, st, ids if self._client_ids else None)
-        return held + b"data: " + orjson.dumps(obj) + b"\n\n", None
+        if not n:
+            return
+        outcome = self._outcome
+        if outcome.first_token is None:
+            outcome.first_token = now
+        else:
+            outcome.gaps.append(now - self._last_pc)
+        self._last_pc = now
+        outcome.completion_tokens = len(st.sent) if st.ids_ok else outcome.completion_tokens + n
 
     def _reframe(self, obj: dict[str, Any], choice: dict[str, Any], st: _Stream,
                  ids: list[int] | None) -> dict[str, Any]:
