@@ -52,7 +52,7 @@ from baton.api.gateway.resume import (
     open_with_retry,
     resumable,
 )
-from baton.api.gateway.routing import Router
+from baton.api.gateway.routing import Router, Upstream
 from baton.api.gateway.schemas import MAX_N, SERVER_FIELDS
 from baton.api.gateway.tokens import InvalidTextError, PromptCounter, surrogate_path, text_of
 from baton.api.gateway.upstream import UpstreamClient
@@ -111,6 +111,19 @@ class Call:
     prompt_tokens: int
     completion_budget: int  # tokens reserved for the answer (all choices)
     stream: bool
+
+
+@dataclass(slots=True)
+class _Admitted:
+    """What admission settled for one request."""
+
+    upstream: Upstream
+    lease: Lease | None
+    headers: dict[str, str]  # the rate limits' headers
+    body: bytes
+    client_usage: bool  # the client asked for usage in the stream
+    can_resume: bool
+    client_ids: bool  # the client asked for token ids itself
 
 
 #: Texts up to this many characters are tokenized on the event loop (well under a millisecond); a thread
@@ -290,45 +303,95 @@ class Gateway:
 
     async def forward(self, principal: Principal, call: Call, *, traceparent: str | None,
                       auth_ns: tuple[int, int] | None = None) -> Response:
-        """``auth_ns``: unix-ns start and end of the key check (the ``gateway.auth`` span)."""
+        """The request's path: admit (route, limits), open the upstream (retrying), relay its answer.
+        ``auth_ns``: unix-ns start and end of the key check (the ``gateway.auth`` span)."""
         if not self.meter.accepting:
             raise errors.UnavailableError("The gateway is busy. Retry shortly.", headers={"retry-after": "1"})
         request_id = uuid.uuid4()
-        rid = request_id.hex
-        tracer = self.tracer
         span = None
-        if tracer is not None:
+        if self.tracer is not None:
             span = gw_tracing.start_request(
-                tracer, traceparent=traceparent, start_ns=auth_ns[0] if auth_ns else time.time_ns(),
-                request_id=rid, endpoint=call.endpoint, model=call.grant.name, tenant_id=principal.tenant_id,
-                key_id=principal.key_id, stream=call.stream, max_tokens=call.payload.get("max_tokens"))
+                self.tracer, traceparent=traceparent, start_ns=auth_ns[0] if auth_ns else time.time_ns(),
+                request_id=request_id.hex, endpoint=call.endpoint, model=call.grant.name,
+                tenant_id=principal.tenant_id, key_id=principal.key_id, stream=call.stream,
+                max_tokens=call.payload.get("max_tokens"))
             if auth_ns:
-                gw_tracing.child(tracer, span, t.SPAN_GATEWAY_AUTH, *auth_ns)
+                gw_tracing.child(self.tracer, span, t.SPAN_GATEWAY_AUTH, *auth_ns)
         try:
-            upstream = await self.router.resolve(call.grant.name)
-            if upstream is None:
-                raise ModelNotAvailableError(f"The model `{call.grant.name}` is not being served right now.",
-                                             headers={"retry-after": "5"})
-            can_resume = self.resume is not None and call.stream and resumable(call.endpoint, call.payload)
-            client_ids = bool(call.payload.get("return_token_ids"))
-            if can_resume:
-                call.payload["return_token_ids"] = True
-            body, client_usage = upstream_body(call, principal.cache_salt)
-            rl_start = time.time_ns() if tracer is not None else 0
-            decision = await self.limiter.admit(rid, principal.limit_scopes,
-                                                call.prompt_tokens + call.completion_budget)
-            if span is not None and tracer is not None:
-                gw_tracing.child(tracer, span, t.SPAN_GATEWAY_RATELIMIT, rl_start, time.time_ns(),
-                                 attributes={"baton.ratelimit.allowed": decision.allowed})
-            if not decision.allowed:
-                raise _limited(decision.reason, decision.retry_after_s, decision.headers)
+            admitted = await self._admit(principal, call, request_id.hex, span)
         except BaseException as exc:
             if span is not None:
                 gw_tracing.rejected(span, exc)
             raise
-        lease = decision.lease
         if self.metrics is not None:
             self.metrics.admitted(call.grant.name)
+        outcome, tp = self._outcome(principal, call, request_id, admitted.upstream, span=span,
+                                    traceparent=traceparent)
+        headers = {"x-request-id": f"req-{request_id.hex}", **admitted.headers}
+        sent_headers = upstream_headers(request_id.hex, tp, stream=call.stream)
+        upstream = admitted.upstream
+        opener: Opener = self._opener(f"{upstream.base_url}/", sent_headers, stream=call.stream)
+        if upstream.fallback_url:
+            opener = FailoverOpener(opener, self._opener(f"{upstream.fallback_url}/", sent_headers, stream=call.stream),
+                                    self.pool_health, upstream.base_url, outcome)
+        lease = admitted.lease
+        deadline = time.monotonic()  # the relay gives each break its own budget
+        tries = [0]
+        try:
+            response, open_exc = await self._open(opener, call.endpoint, admitted.body, outcome, policy=self.resume,
+                                                  deadline=deadline, tries=tries)
+        except BaseException:
+            self._end(outcome, lease, m.RequestStatus.CANCELLED, 499, "client_disconnected")
+            raise
+        if response is None:
+            err = (transport_error(open_exc) if open_exc is not None
+                   else errors.UpstreamError("The model failed to answer. Try again."))
+            self._end(outcome, lease, m.RequestStatus.FAILED, err.status, err.code)
+            raise err from None
+        if response.status_code != 200:
+            try:
+                content = await response.aread() if call.stream else response.content
+            except httpx.HTTPError:
+                content = b""
+            finally:
+                await response.aclose()
+            err = upstream_error(response.status_code, content)
+            self._end(outcome, lease, m.RequestStatus.FAILED, err.status, err.code)
+            raise err
+        if not call.stream:
+            return self._answer(response, outcome, lease, headers)
+        done = lambda o: self._finish(o, lease)  # noqa: E731 - the relay's end of the request
+        if admitted.can_resume and self.resume is not None:
+            return ResumingRelay(response, outcome, strip_usage=not admitted.client_usage,
+                                 headers=sse_headers(headers), done=done, opener=opener, endpoint=call.endpoint,
+                                 payload=call.payload, original_body=admitted.body, client_ids=admitted.client_ids,
+                                 policy=self.resume, deadline=deadline, tries=tries, token_stall_s=self.token_stall_s)
+        return SSERelay(response, outcome, strip_usage=not admitted.client_usage, headers=sse_headers(headers),
+                        done=done)
+
+    async def _admit(self, principal: Principal, call: Call, rid: str, span: Any) -> _Admitted:
+        """Where the request goes, what is sent there, and the rate limiter's decision (raised if refused)."""
+        upstream = await self.router.resolve(call.grant.name)
+        if upstream is None:
+            raise ModelNotAvailableError(f"The model `{call.grant.name}` is not being served right now.",
+                                         headers={"retry-after": "5"})
+        can_resume = self.resume is not None and call.stream and resumable(call.endpoint, call.payload)
+        client_ids = bool(call.payload.get("return_token_ids"))
+        if can_resume:
+            call.payload["return_token_ids"] = True
+        body, client_usage = upstream_body(call, principal.cache_salt)
+        rl_start = time.time_ns() if span is not None else 0
+        decision = await self.limiter.admit(rid, principal.limit_scopes, call.prompt_tokens + call.completion_budget)
+        if span is not None and self.tracer is not None:
+            gw_tracing.child(self.tracer, span, t.SPAN_GATEWAY_RATELIMIT, rl_start, time.time_ns(),
+                             attributes={"baton.ratelimit.allowed": decision.allowed})
+        if not decision.allowed:
+            raise _limited(decision.reason, decision.retry_after_s, decision.headers)
+        return _Admitted(upstream, decision.lease, decision.headers, body, client_usage, can_resume, client_ids)
+
+    def _outcome(self, principal: Principal, call: Call, request_id: uuid.UUID, upstream: Upstream, *, span: Any,
+                 traceparent: str | None) -> tuple[Outcome, str]:
+        """The request's outcome (what metering records) and the ``traceparent`` sent upstream."""
         if span is None:
             tp, trace_id = trace_context(traceparent)
         else:
@@ -345,48 +408,11 @@ class Gateway:
         if span is not None:
             outcome.span = span
             outcome.span_id = tp[36:52]
-        headers = {"x-request-id": f"req-{rid}", **decision.headers}
-        sent_headers = upstream_headers(rid, tp, stream=call.stream)
+        return outcome, tp
 
-        opener: Opener = self._opener(f"{upstream.base_url}/", sent_headers, stream=call.stream)
-        if upstream.fallback_url:
-            opener = FailoverOpener(opener, self._opener(f"{upstream.fallback_url}/", sent_headers, stream=call.stream),
-                                    self.pool_health, upstream.base_url, outcome)
-
-        policy = self.resume
-        deadline = time.monotonic()  # the relay gives each break its own budget
-        tries = [0]
-        try:
-            response, open_exc = await self._open(opener, call.endpoint, body, outcome, policy=policy,
-                                               deadline=deadline, tries=tries)
-        except BaseException:
-            self._end(outcome, lease, m.RequestStatus.CANCELLED, 499, "client_disconnected")
-            raise
-        if response is None:
-            err = (transport_error(open_exc) if open_exc is not None
-                   else errors.UpstreamError("The model failed to answer. Try again."))
-            self._end(outcome, lease, m.RequestStatus.FAILED, err.status, err.code)
-            raise err from None
-
-        if response.status_code != 200:
-            try:
-                content = await response.aread() if call.stream else response.content
-            except httpx.HTTPError:
-                content = b""
-            finally:
-                await response.aclose()
-            err = upstream_error(response.status_code, content)
-            self._end(outcome, lease, m.RequestStatus.FAILED, err.status, err.code)
-            raise err
-
-        if call.stream and can_resume and policy is not None:
-            return ResumingRelay(response, outcome, strip_usage=not client_usage, headers=sse_headers(headers),
-                                 done=lambda o: self._finish(o, lease), opener=opener, endpoint=call.endpoint,
-                                 payload=call.payload, original_body=body, client_ids=client_ids, policy=policy,
-                                 deadline=deadline, tries=tries, token_stall_s=self.token_stall_s)
-        if call.stream:
-            return SSERelay(response, outcome, strip_usage=not client_usage, headers=sse_headers(headers),
-                            done=lambda o: self._finish(o, lease))
+    def _answer(self, response: httpx.Response, outcome: Outcome, lease: Lease | None,
+                headers: dict[str, str]) -> Response:
+        """A whole (not streamed) answer, metered from its usage."""
         content = response.content
         try:
             data = orjson.loads(content)
