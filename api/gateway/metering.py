@@ -230,8 +230,11 @@ class UsageMeter:
     async def _run(self) -> None:
         backoff = self._interval
         while True:
+            # asyncio.timeout, not wait_for: Python 3.11's wait_for swallows a cancellation that arrives just
+            # as the event is set, and stop() then waits for this loop forever
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._wake.wait(), timeout=backoff)
+                async with asyncio.timeout(backoff):
+                    await self._wake.wait()
             self._wake.clear()
             ok = True
             while ok and self._buffer:

@@ -140,6 +140,28 @@ def test_nothing_is_lost_while_postgres_is_away(relayed_db: tuple[Database, TcpR
     assert _count(db, tid) == (100, 100)
 
 
+def test_the_meters_loop_ends_when_cancelled_as_its_wake_up_arrives(db: Database) -> None:
+    """stop() cancels the loop; a cancellation landing in the same turn as a wake-up must not be lost (with
+    Python 3.11's asyncio.wait_for it was, and stop() waited forever)."""
+
+    async def go() -> bool:
+        meter = UsageMeter(db, flush_interval=10)
+        await meter.start()
+        await asyncio.sleep(0.01)  # the loop waits for a wake-up
+        task = meter._task
+        assert task is not None
+        meter._wake.set()
+        await asyncio.sleep(0)  # the wait is over, the loop not yet resumed
+        task.cancel()
+        await asyncio.wait({task}, timeout=5)  # generous: a loop that ignored the cancel never ends
+        ended = task.done()
+        meter._task = None if ended else task
+        await meter.stop()
+        return ended
+
+    assert asyncio.run(go())
+
+
 def test_a_full_buffer_stops_accepting(db: Database) -> None:
     async def go() -> tuple[bool, bool]:
         meter = UsageMeter(db, max_buffer=2)
