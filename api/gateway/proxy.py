@@ -1,7 +1,7 @@
 """Passing a request to the upstream engine and its answer back to the client.
 
-One pooled ``httpx.AsyncClient`` per process talks to every upstream. Streams are relayed chunk by
-chunk as they arrive (whole SSE events; a partial event waits for its end), never re-buffered or
+One :class:`~baton.api.gateway.upstream.UpstreamClient` per process talks to every upstream. Streams
+are relayed chunk by chunk as they arrive (whole SSE events; a partial event waits for its end), never re-buffered or
 re-serialised; a chunk is only parsed when it carries the engine's usage report, which the gateway
 always asks for (``stream_options.include_usage``) and removes again when the client did not.
 
@@ -28,7 +28,7 @@ from starlette.types import Receive, Scope, Send
 from baton.api.errors import openai_error_body
 from baton.api.gateway.engine_text import client_text
 from baton.api.gateway.metering import Outcome
-from baton.api.gateway.upstream import UpstreamClient
+from baton.api.gateway.upstream import UpstreamClient, UpstreamResponse
 from baton.core import errors
 from baton.core import models as m
 
@@ -194,7 +194,7 @@ def _split_usage(out: bytes, outcome: Outcome, strip: bool) -> bytes:
 class SSERelay(Response):
     """An ASGI response relaying one upstream SSE stream; calls ``done`` exactly once at the end."""
 
-    def __init__(self, response: httpx.Response, outcome: Outcome, *, strip_usage: bool,
+    def __init__(self, response: UpstreamResponse, outcome: Outcome, *, strip_usage: bool,
                  headers: list[tuple[bytes, bytes]], done: Callable[[Outcome], None]) -> None:
         self.status_code = 200
         self.background = None

@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -39,6 +39,7 @@ from starlette.types import Send
 
 from baton.api.gateway.metering import Outcome
 from baton.api.gateway.proxy import SSERelay, read_usage
+from baton.api.gateway.upstream import Opener, UpstreamResponse
 from baton.core import errors
 from baton.core.contracts import STEP_AGGREGATED_FALLBACK, STEP_DECODE_RESUME
 
@@ -112,9 +113,6 @@ def continuation_body(endpoint: str, payload: dict[str, Any], prompt_ids: list[i
     return body
 
 
-Opener = Callable[[str, bytes], Awaitable[httpx.Response]]
-
-
 class PoolHealth:
     """Upstream pools that failed a call just now, per base URL, as the gateway saw them.
 
@@ -172,14 +170,14 @@ class FailoverOpener:
         self._calls = 0
         self.last = "primary"
 
-    async def __call__(self, endpoint: str, body: bytes) -> httpx.Response:
+    async def __call__(self, endpoint: str, body: bytes) -> UpstreamResponse:
         self._calls += 1
         t0 = time.perf_counter()
         down = self._health.down(self._pool)
         delay = self._hedge_s if self._calls == 1 and not down else 0.0
-        primary: asyncio.Future[httpx.Response | _NoAnswer] = asyncio.ensure_future(
+        primary: asyncio.Future[UpstreamResponse | _NoAnswer] = asyncio.ensure_future(
             self._try(self._primary, endpoint, body))
-        fallback: asyncio.Future[httpx.Response | _NoAnswer] | None = None
+        fallback: asyncio.Future[UpstreamResponse | _NoAnswer] | None = None
         failed: _NoAnswer | None = None
         try:
             if delay > 0:
@@ -190,7 +188,7 @@ class FailoverOpener:
                         return self._served_by_primary(answer)
                     failed = answer
             fallback = asyncio.ensure_future(self._try(self._fallback, endpoint, body))
-            pending: set[asyncio.Future[httpx.Response | _NoAnswer]] = {fallback}
+            pending: set[asyncio.Future[UpstreamResponse | _NoAnswer]] = {fallback}
             if failed is None:
                 pending.add(primary)
             fallback_failed: _NoAnswer | None = None
@@ -227,12 +225,12 @@ class FailoverOpener:
                     call.cancel()
                     call.add_done_callback(_close_answer)
 
-    def _served_by_primary(self, response: httpx.Response) -> httpx.Response:
+    def _served_by_primary(self, response: UpstreamResponse) -> UpstreamResponse:
         self._health.answered(self._pool)
         self.last = "primary"
         return response
 
-    async def _try(self, opener: Opener, endpoint: str, body: bytes) -> httpx.Response | _NoAnswer:
+    async def _try(self, opener: Opener, endpoint: str, body: bytes) -> UpstreamResponse | _NoAnswer:
         """The answer, or why there was none (a 502/503/504 answer is read, closed and counts as none)."""
         try:
             response = await opener(endpoint, body)
@@ -248,7 +246,7 @@ class FailoverOpener:
             await response.aclose()
         return _NoAnswer(f"upstream status {response.status_code}", status=response.status_code, content=content)
 
-    def _served_by_fallback(self, response: httpx.Response, t0: float, why: str) -> httpx.Response:
+    def _served_by_fallback(self, response: UpstreamResponse, t0: float, why: str) -> UpstreamResponse:
         self.last = "fallback"
         self._outcome.step(STEP_AGGREGATED_FALLBACK, t0, "recovered" if response.status_code == 200 else "failed",
                            f"{why}; served by the prefill pool's engine")
@@ -280,39 +278,81 @@ class _NoAnswer:
     status: int = 0
     content: bytes = b""
 
-    def reraise(self) -> httpx.Response:
+    def reraise(self) -> UpstreamResponse:
         """What the caller sees of the primary's failure: its error, or its (already read) answer."""
         if self.error is not None:
             raise self.error
-        return httpx.Response(self.status, content=self.content)
+        return UpstreamResponse.read(self.status, self.content)
 
 
-async def open_with_retry(opener: Opener, endpoint: str, body: bytes, *, policy: ResumePolicy,
-                          deadline: float, tries: list[int]) -> tuple[httpx.Response | None, str]:
-    """Opens an upstream stream, retrying transport errors and 5xx until ``deadline``.
+class Attempts:
+    """Every upstream call of one request, in one place: the first call, its retries before the first token
+    and the resumed streams after it share one count (``policy.attempts``); each recovery gets
+    ``policy.budget_s`` from the failure that started it, with the policy's backoff between calls. Without
+    a policy a request has its one call and nothing is retried."""
 
-    ``tries`` is the request's shared attempt counter (one element). Returns (response, "") or
-    (None, why); an answer with another status (4xx: the request itself is refused) is final at once and
-    returned open, for the caller to read."""
-    why = "no attempt left"
-    while tries[0] < policy.attempts:
-        now = time.monotonic()
-        if now >= deadline:
-            return None, f"{why}; time budget spent"
-        tries[0] += 1
-        wait = min(policy.delay(tries[0]), deadline - now)
-        if wait > 0:
-            await asyncio.sleep(wait)
+    __slots__ = ("body", "endpoint", "opener", "outcome", "policy", "used")
+
+    def __init__(self, opener: Opener, endpoint: str, body: bytes, *, policy: ResumePolicy | None,
+                 outcome: Outcome) -> None:
+        self.opener = opener
+        self.endpoint = endpoint
+        self.body = body  # the original request as the upstream gets it
+        self.policy = policy
+        self.outcome = outcome
+        self.used = 0  # retries and resumes so far
+
+    async def first(self) -> tuple[UpstreamResponse | None, httpx.HTTPError | None]:
+        """The request's first call; with a policy, transport errors (a stall included) and 5xx are retried
+        (nothing was sent yet). Returns (the answer, None), or (None, the last transport error, or None when
+        the last failure was a 5xx answer)."""
         try:
-            response = await opener(endpoint, body)
+            response = await self.opener(self.endpoint, self.body)
         except httpx.HTTPError as exc:
+            if self.policy is None:
+                return None, exc
             why = f"upstream {type(exc).__name__}"
-            continue
-        if response.status_code == 200 or response.status_code not in RETRY_STATUSES:
-            return response, "" if response.status_code == 200 else f"upstream status {response.status_code}"
-        await response.aclose()
-        why = f"upstream status {response.status_code}"
-    return None, f"{why}; {policy.attempts} attempts used"
+            failed: httpx.HTTPError | None = exc
+        else:
+            if self.policy is None or response.status_code not in RETRY_STATUSES:
+                return response, None
+            why = f"upstream status {response.status_code}"
+            failed = None
+            await response.aclose()
+        t0 = time.perf_counter()
+        retried, more = await self.again(self.endpoint, self.body)
+        ok = retried is not None and retried.status_code == 200
+        self.outcome.step(STEP_DECODE_RESUME, t0, "recovered" if ok else "failed",
+                          f"{why}; {more or 'retried before the first token'}")
+        return retried, failed
+
+    async def again(self, endpoint: str, body: bytes) -> tuple[UpstreamResponse | None, str]:
+        """Calls until an answer that is not a transport error or a 5xx, within a fresh time budget. Returns
+        (an answer with status 200, "") or (None, why); an answer with another status (4xx: the request itself
+        is refused) is final at once and returned open, for the caller to read."""
+        policy = self.policy
+        if policy is None:
+            return None, "no retries"
+        deadline = time.monotonic() + policy.budget_s
+        why = "no attempt left"
+        while self.used < policy.attempts:
+            now = time.monotonic()
+            if now >= deadline:
+                return None, f"{why}; time budget spent"
+            self.used += 1
+            wait = min(policy.delay(self.used), deadline - now)
+            if wait > 0:
+                await asyncio.sleep(wait)
+            try:
+                response = await self.opener(endpoint, body)
+            except httpx.HTTPError as exc:
+                why = f"upstream {type(exc).__name__}"
+                continue
+            if response.status_code == 200 or response.status_code not in RETRY_STATUSES:
+                return response, "" if response.status_code == 200 else f"upstream status {response.status_code}"
+            await response.aclose()
+            why = f"upstream status {response.status_code}"
+        return None, f"{why}; {policy.attempts} attempts used"
 
 
 @dataclass(slots=True)
@@ -345,21 +385,16 @@ def _data(ev: bytes) -> bytes | None:
 class ResumingRelay(SSERelay):
     """:class:`SSERelay` that resumes a broken stream instead of failing it (see the module doc)."""
 
-    def __init__(self, response: httpx.Response, outcome: Outcome, *, strip_usage: bool,
-                 headers: list[tuple[bytes, bytes]], done: Callable[[Outcome], None], opener: Opener,
-                 endpoint: str, payload: dict[str, Any], original_body: bytes, client_ids: bool,
-                 policy: ResumePolicy, deadline: float, tries: list[int], token_stall_s: float | None = None) -> None:
+    def __init__(self, response: UpstreamResponse, outcome: Outcome, *, strip_usage: bool,
+                 headers: list[tuple[bytes, bytes]], done: Callable[[Outcome], None], attempts: Attempts,
+                 payload: dict[str, Any], client_ids: bool, token_stall_s: float | None = None) -> None:
         super().__init__(response, outcome, strip_usage=strip_usage, headers=headers, done=done)
         self._token_stall_s = token_stall_s
-        self._opener = opener
-        self._endpoint = endpoint
+        self._attempts = attempts
+        self._endpoint = attempts.endpoint
         self._payload = payload
-        self._original = original_body
         self._client_ids = client_ids
-        self._policy = policy
-        self._deadline = deadline
-        self._tries = tries
-        self._chat = endpoint == "chat/completions"
+        self._chat = attempts.endpoint == "chat/completions"
         self._last_pc = outcome.start_pc
 
     async def _relay(self, send: Send) -> None:
@@ -375,7 +410,7 @@ class ResumingRelay(SSERelay):
             st.held.clear()  # never sent: the continuation generates them again
             st.held_ids.clear()
             if not st.started:  # nothing reached the client: the original request again
-                endpoint, body = self._endpoint, self._original
+                endpoint, body = self._endpoint, self._attempts.body
                 st.id = None
             elif st.prompt_ids is None or not st.ids_ok:
                 outcome.step(STEP_DECODE_RESUME, t0, "failed", f"{failure}; token ids unknown, cannot resume")
@@ -389,9 +424,7 @@ class ResumingRelay(SSERelay):
                     outcome.step(STEP_DECODE_RESUME, t0, "recovered", f"{failure}; length reached, finish sent")
                     break
                 endpoint, body = "completions", orjson.dumps(cont)
-            self._deadline = time.monotonic() + self._policy.budget_s  # each break gets its own budget
-            response, why = await open_with_retry(self._opener, endpoint, body, policy=self._policy,
-                                                  deadline=self._deadline, tries=self._tries)
+            response, why = await self._attempts.again(endpoint, body)  # each break gets its own budget
             if response is not None and response.status_code != 200:
                 await response.aclose()
                 response = None
@@ -432,7 +465,7 @@ class ResumingRelay(SSERelay):
         await send({"type": "http.response.body", "body": b"data: " + orjson.dumps(obj) + b"\n\n",
                     "more_body": True})
 
-    async def _pump(self, response: httpx.Response, send: Send, st: _Stream) -> str | None:
+    async def _pump(self, response: UpstreamResponse, send: Send, st: _Stream) -> str | None:
         """Relays one upstream stream; returns None when it completed, else why it broke."""
         pending = b""
         tightened = False
@@ -458,10 +491,8 @@ class ResumingRelay(SSERelay):
                 if out:
                     if self._token_stall_s is not None and not tightened:
                         # The stream runs: a stalled replica is noticed after a token gap, not the wait for
-                        # a first answer (the lean client's responses; httpx's keep their timeout).
-                        tighten = getattr(response, "set_read_timeout", None)
-                        if tighten is not None:
-                            tighten(self._token_stall_s)
+                        # a first answer.
+                        response.set_read_timeout(self._token_stall_s)
                         tightened = True
                     st.started = True
                     await send({"type": "http.response.body", "body": b"".join(out), "more_body": True})

@@ -13,8 +13,9 @@ import json
 import logging
 import time
 import uuid
+from collections.abc import Awaitable
 from dataclasses import dataclass
-from typing import Any, cast
+from typing import Any
 
 import httpx
 import orjson
@@ -42,24 +43,14 @@ from baton.api.gateway.ratelimit import (
     retry_after_header,
 )
 from baton.api.gateway.responses import ResponseStore
-from baton.api.gateway.resume import (
-    RETRY_STATUSES,
-    FailoverOpener,
-    Opener,
-    PoolHealth,
-    ResumePolicy,
-    ResumingRelay,
-    open_with_retry,
-    resumable,
-)
+from baton.api.gateway.resume import Attempts, FailoverOpener, PoolHealth, ResumePolicy, ResumingRelay, resumable
 from baton.api.gateway.routing import Router, Upstream
 from baton.api.gateway.schemas import MAX_N, SERVER_FIELDS
 from baton.api.gateway.tokens import InvalidTextError, PromptCounter, surrogate_path, text_of
-from baton.api.gateway.upstream import UpstreamClient
+from baton.api.gateway.upstream import Opener, UpstreamClient, UpstreamResponse
 from baton.core import errors
 from baton.core import models as m
 from baton.core import telemetry as t
-from baton.core.contracts import STEP_DECODE_RESUME
 
 log = logging.getLogger(__name__)
 
@@ -169,7 +160,7 @@ class Gateway:
         limiter: RateLimiter,
         meter: UsageMeter,
         router: Router,
-        client: UpstreamClient | httpx.AsyncClient,
+        client: UpstreamClient,
         prompts: PromptCounter | None = None,
         default_completion_budget: int = 1024,
         resume: ResumePolicy | None = None,
@@ -200,9 +191,6 @@ class Gateway:
         self.stream_stall_s = stream_stall_s
         #: ... and once a resumable stream's tokens flow, the longest gap between its chunks.
         self.token_stall_s = token_stall_s
-        self.stall_timeout = (None if stream_stall_s is None or not isinstance(client, httpx.AsyncClient) else
-                              httpx.Timeout(connect=client.timeout.connect, read=stream_stall_s,
-                                            write=client.timeout.write, pool=client.timeout.pool))
 
     async def start(self) -> None:
         await self.meter.start()
@@ -335,11 +323,9 @@ class Gateway:
             opener = FailoverOpener(opener, self._opener(f"{upstream.fallback_url}/", sent_headers, stream=call.stream),
                                     self.pool_health, upstream.base_url, outcome)
         lease = admitted.lease
-        deadline = time.monotonic()  # the relay gives each break its own budget
-        tries = [0]
+        attempts = Attempts(opener, call.endpoint, admitted.body, policy=self.resume, outcome=outcome)
         try:
-            response, open_exc = await self._open(opener, call.endpoint, admitted.body, outcome, policy=self.resume,
-                                                  deadline=deadline, tries=tries)
+            response, open_exc = await attempts.first()
         except BaseException:
             self._end(outcome, lease, m.RequestStatus.CANCELLED, 499, "client_disconnected")
             raise
@@ -350,7 +336,7 @@ class Gateway:
             raise err from None
         if response.status_code != 200:
             try:
-                content = await response.aread() if call.stream else response.content
+                content = await response.aread()
             except httpx.HTTPError:
                 content = b""
             finally:
@@ -363,9 +349,8 @@ class Gateway:
         done = lambda o: self._finish(o, lease)  # noqa: E731 - the relay's end of the request
         if admitted.can_resume and self.resume is not None:
             return ResumingRelay(response, outcome, strip_usage=not admitted.client_usage,
-                                 headers=sse_headers(headers), done=done, opener=opener, endpoint=call.endpoint,
-                                 payload=call.payload, original_body=admitted.body, client_ids=admitted.client_ids,
-                                 policy=self.resume, deadline=deadline, tries=tries, token_stall_s=self.token_stall_s)
+                                 headers=sse_headers(headers), done=done, attempts=attempts, payload=call.payload,
+                                 client_ids=admitted.client_ids, token_stall_s=self.token_stall_s)
         return SSERelay(response, outcome, strip_usage=not admitted.client_usage, headers=sse_headers(headers),
                         done=done)
 
@@ -410,7 +395,7 @@ class Gateway:
             outcome.span_id = tp[36:52]
         return outcome, tp
 
-    def _answer(self, response: httpx.Response, outcome: Outcome, lease: Lease | None,
+    def _answer(self, response: UpstreamResponse, outcome: Outcome, lease: Lease | None,
                 headers: dict[str, str]) -> Response:
         """A whole (not streamed) answer, metered from its usage."""
         content = response.content
@@ -426,52 +411,15 @@ class Gateway:
         return Response(content, status_code=200, headers=headers, media_type="application/json")
 
     def _opener(self, base: str, headers: dict[str, str], *, stream: bool) -> Opener:
-        """``opener(endpoint, body)``: one upstream call of this request (the relays call it again to
-        retry or resume). Streams read with the stall timeout when one is set."""
+        """``opener(endpoint, body)``: one upstream call of this request (retries and resumes call it again).
+        Streams read with the stall timeout."""
         client = self.client
-        if isinstance(client, UpstreamClient):
-            read_timeout = self.stream_stall_s if stream else None
+        read_timeout = self.stream_stall_s if stream else None
 
-            async def lean(endpoint: str, content: bytes) -> httpx.Response:
-                response = await client.post(base + endpoint, content, headers, stream=stream,
-                                             read_timeout=read_timeout)
-                return cast("httpx.Response", response)  # the relays use the members both share
+        def call(endpoint: str, content: bytes) -> Awaitable[UpstreamResponse]:
+            return client.post(base + endpoint, content, headers, stream=stream, read_timeout=read_timeout)
 
-            return lean
-        timeout = self.stall_timeout if stream and self.stall_timeout is not None else httpx.USE_CLIENT_DEFAULT
-        hc: httpx.AsyncClient = client
-
-        async def via_httpx(endpoint: str, content: bytes) -> httpx.Response:
-            req = hc.build_request("POST", base + endpoint, content=content, headers=headers, timeout=timeout)
-            return await hc.send(req, stream=stream)
-
-        return via_httpx
-
-    async def _open(self, opener: Opener, endpoint: str, body: bytes, outcome: Outcome, *,
-                    policy: ResumePolicy | None, deadline: float,
-                    tries: list[int]) -> tuple[httpx.Response | None, httpx.HTTPError | None]:
-        """The first upstream call; with a policy, transport errors (a stall included) and 5xx are retried
-        (nothing was sent) for ``policy.budget_s`` from the first failure. Returns (response, None) or
-        (None, the last transport error, None when the last failure was a 5xx answer)."""
-        try:
-            response = await opener(endpoint, body)
-        except httpx.HTTPError as exc:
-            if policy is None:
-                return None, exc
-            why = f"upstream {type(exc).__name__}"
-            failed: httpx.HTTPError | None = exc
-        else:
-            if policy is None or response.status_code not in RETRY_STATUSES:
-                return response, None
-            why = f"upstream status {response.status_code}"
-            failed = None
-            await response.aclose()
-        t0 = time.perf_counter()
-        retried, more = await open_with_retry(opener, endpoint, body, policy=policy,
-                                              deadline=max(deadline, time.monotonic() + policy.budget_s), tries=tries)
-        outcome.step(STEP_DECODE_RESUME, t0, "failed" if retried is None or retried.status_code != 200 else "recovered",
-                     f"{why}; {more or 'retried before the first token'}")
-        return retried, failed
+        return call
 
     def _end(self, outcome: Outcome, lease: Lease | None, status: m.RequestStatus, http_status: int,
              code: str | None) -> None:

@@ -8,10 +8,14 @@ arrives in ``data_received``, and :meth:`UpstreamResponse.aiter_raw` hands over 
 since the last read** in one piece, so chunks that arrive together are relayed in one ASGI send
 while a token that arrives alone is relayed at once (nothing waits to coalesce).
 
-The responses quack like the part of ``httpx.Response`` the relays use (``status_code``,
-``aiter_raw``, ``aread``, ``content``, ``aclose``) and failures are httpx's exception classes
-(``ConnectError``, ``ConnectTimeout``, ``ReadTimeout``, ``RemoteProtocolError``), so error mapping,
-retries and resumption work on either client.
+It is the gateway's only upstream client: every call of a request (the first, a retry, a resumed
+stream, the fallback pool's) is an :data:`Opener` over it. Failures are httpx's exception classes
+(``ConnectError``, ``ConnectTimeout``, ``ReadTimeout``, ``RemoteProtocolError``, all ``httpx.HTTPError``),
+which the error mapping and the retry rules name.
+
+Silence: a request waits at most ``read_timeout`` for its answer and between pieces of it. One timer
+per connection watches that (re-armed only when it fires), not one per wait: a streamed token costs
+no timer.
 
 Connections: idle ones are reused newest first; one the server closed is noticed by the event loop
 (``connection_lost``) and dropped before reuse; a reused connection that fails before any byte of
@@ -25,7 +29,7 @@ from __future__ import annotations
 import asyncio
 import ssl as ssl_mod
 import time
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
@@ -65,6 +69,8 @@ class _Connection(asyncio.Protocol):
         self.paused = False
         self.error: BaseException | None = None
         self.waiter: asyncio.Future[None] | None = None
+        self.deadline = 0.0  # loop time by which the waiter must hear something
+        self.timer: asyncio.TimerHandle | None = None
 
     # -- asyncio.Protocol ---------------------------------------------------------------------------
 
@@ -124,13 +130,29 @@ class _Connection(asyncio.Protocol):
         """Until more of the answer arrived, it ended or failed; ``httpx.ReadTimeout`` after ``silence_s``."""
         loop = asyncio.get_running_loop()
         waiter = self.waiter = loop.create_future()
-        timer = loop.call_later(silence_s, self._timed_out, waiter) if silence_s is not None else None
+        if silence_s is not None:
+            self.deadline = loop.time() + silence_s
+            timer = self.timer
+            if timer is None or timer.when() > self.deadline:  # none yet, or set for a longer silence
+                if timer is not None:
+                    timer.cancel()
+                self.timer = loop.call_at(self.deadline, self._check_silence)
         try:
             await waiter
         finally:
             self.waiter = None
-            if timer is not None:
-                timer.cancel()
+
+    def _check_silence(self) -> None:
+        """The connection's one silence timer: fails a waiter past its deadline, else waits on for it."""
+        self.timer = None
+        waiter = self.waiter
+        if waiter is None or waiter.done():
+            return  # nobody waits: the next wait arms it again
+        loop = asyncio.get_running_loop()
+        if loop.time() >= self.deadline:
+            waiter.set_exception(httpx.ReadTimeout("the upstream did not answer in time"))
+        else:
+            self.timer = loop.call_at(self.deadline, self._check_silence)
 
     def take(self) -> bytes:
         data = self.buffer[0] if len(self.buffer) == 1 else b"".join(self.buffer)
@@ -143,17 +165,19 @@ class _Connection(asyncio.Protocol):
 
     def close(self) -> None:
         self.closed = True
+        self.disarm()
         if self.transport is not None:
             self.transport.close()
+
+    def disarm(self) -> None:
+        if self.timer is not None:
+            self.timer.cancel()
+            self.timer = None
 
     def _wake(self) -> None:
         w = self.waiter
         if w is not None and not w.done():
             w.set_result(None)
-
-    def _timed_out(self, waiter: asyncio.Future[None]) -> None:
-        if not waiter.done():
-            waiter.set_exception(httpx.ReadTimeout("the upstream did not answer in time"))
 
     def _fail(self, exc: BaseException) -> None:
         if self.error is None:
@@ -166,17 +190,27 @@ class UpstreamResponse:
 
     __slots__ = ("_client", "_conn", "_done", "_read_timeout", "content", "status_code")
 
-    def __init__(self, client: UpstreamClient, conn: _Connection, read_timeout: float | None) -> None:
+    def __init__(self, client: UpstreamClient | None, conn: _Connection | None, read_timeout: float | None,
+                 *, status: int = 0, content: bytes = b"") -> None:
         self._client = client
         self._conn = conn
         self._read_timeout = read_timeout
-        self._done = False
-        self.status_code = conn.status
-        self.content = b""
+        self._done = conn is None
+        self.status_code = conn.status if conn is not None else status
+        self.content = content
+
+    @classmethod
+    def read(cls, status: int, content: bytes) -> UpstreamResponse:
+        """An answer already read whole (kept to be shown later, e.g. a pool's refusal)."""
+        return cls(None, None, None, status=status, content=content)
 
     async def aiter_raw(self) -> AsyncIterator[bytes]:
         """Body bytes as they arrive; each piece is everything received since the previous one."""
         conn = self._conn
+        if conn is None:
+            if self.content:
+                yield self.content
+            return
         try:
             while True:
                 if conn.buffer:
@@ -195,6 +229,9 @@ class UpstreamResponse:
         self._read_timeout = seconds
 
     async def aread(self) -> bytes:
+        """The whole body (read once; later calls return what was read)."""
+        if self._done:
+            return self.content
         parts = [piece async for piece in self.aiter_raw()]
         self.content = b"".join(parts)
         return self.content
@@ -203,7 +240,12 @@ class UpstreamResponse:
         if self._done:
             return
         self._done = True
-        self._client._release(self._conn)
+        if self._client is not None and self._conn is not None:
+            self._client._release(self._conn)
+
+
+#: One upstream call of a request: ``opener(endpoint, body)`` -> the answer once its headers arrived.
+Opener = Callable[[str, bytes], Awaitable[UpstreamResponse]]
 
 
 class UpstreamClient:
@@ -290,6 +332,7 @@ class UpstreamClient:
     def _release(self, conn: _Connection) -> None:
         if self._slots is not None:
             self._slots.release()
+        conn.disarm()
         if conn.complete and conn.keep_alive and not conn.closed and not self._closed and conn.error is None:
             conn.idle_since = time.monotonic()
             self._idle.setdefault(conn.origin, []).append(conn)

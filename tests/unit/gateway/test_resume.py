@@ -14,7 +14,7 @@ import socket
 import threading
 import time
 import uuid
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Awaitable, Iterator
 from typing import Any
 
 import httpx
@@ -28,15 +28,15 @@ from starlette.routing import Route
 
 from baton.api.gateway.metering import Outcome
 from baton.api.gateway.resume import (
+    Attempts,
     FailoverOpener,
-    Opener,
     PoolHealth,
     ResumePolicy,
     ResumingRelay,
     continuation_body,
     resumable,
 )
-from baton.api.gateway.upstream import UpstreamClient
+from baton.api.gateway.upstream import Opener, UpstreamClient, UpstreamResponse
 from baton.core import models as m
 
 # -- the scripted upstream -----------------------------------------------------------------------
@@ -191,49 +191,26 @@ POLICY = ResumePolicy(attempts=4, budget_s=10, backoff_s=0.01)
 async def _relay(base: str, endpoint: str, payload: dict[str, Any], *, policy: ResumePolicy = POLICY,
                  client_usage: bool = True, client_ids: bool = False, read_timeout: float = 10,
                  fallback: str | None = None, health: PoolHealth | None = None,
-                 lean: bool = False, token_stall_s: float | None = None,
-                 ) -> tuple[list[dict[str, Any]], bytes, Outcome]:
+                 token_stall_s: float | None = None) -> tuple[list[dict[str, Any]], bytes, Outcome]:
+    """One streamed request through the gateway's own parts: its upstream client, the first call with its
+    retries (:class:`Attempts`) and the relay."""
     payload = {**payload, "stream": True, "stream_options": {"include_usage": True}, "return_token_ids": True,
                "cache_salt": "salt-1"}
     body = orjson.dumps(payload)
     outcome = Outcome(request_id=uuid.uuid4(), tenant_id=uuid.uuid4(), api_key_id=None, model="m",
                       endpoint=endpoint, stream=True, started=time.time(), start_pc=time.perf_counter())
-    async with httpx.AsyncClient(timeout=httpx.Timeout(10, read=read_timeout)) as client:
-        lean_client = UpstreamClient(timeout_s=read_timeout) if lean else None
-
-        def at(url: str) -> Opener:
-            async def call(ep: str, content: bytes) -> httpx.Response:
-                if lean_client is not None:  # the gateway's own client (its read timeout can be tightened)
-                    answer = await lean_client.post(f"{url}/{ep}", content, {"content-type": "application/json"},
-                                                    stream=True, read_timeout=read_timeout)
-                    return answer  # type: ignore[return-value]
-                req = client.build_request("POST", f"{url}/{ep}", content=content,
-                                           headers={"content-type": "application/json"})
-                return await client.send(req, stream=True)
-            return call
-
-        opener = at(base)
+    client = UpstreamClient(timeout_s=read_timeout)
+    try:
+        opener: Opener = _opener(client, base, read_timeout)
         if fallback is not None:
-            opener = FailoverOpener(opener, at(fallback), health or PoolHealth(), base, outcome)
-
-        tries = [0]
-        try:
-            first: httpx.Response | None = await opener(endpoint, body)
-        except httpx.ReadTimeout:
-            first = None
-        if first is None or first.status_code != 200:  # the gateway's first-call retry, done by hand here
-            from baton.api.gateway.resume import open_with_retry
-
-            if first is not None:
-                await first.aclose()
-            first, _ = await open_with_retry(opener, endpoint, body, policy=policy,
-                                             deadline=time.monotonic() + policy.budget_s, tries=tries)
-            assert first is not None
+            opener = FailoverOpener(opener, _opener(client, fallback, read_timeout), health or PoolHealth(), base,
+                                    outcome)
+        attempts = Attempts(opener, endpoint, body, policy=policy, outcome=outcome)
+        first, _ = await attempts.first()
+        assert first is not None and first.status_code == 200
         done: list[Outcome] = []
         relay = ResumingRelay(first, outcome, strip_usage=not client_usage, headers=[], done=done.append,
-                              opener=opener, endpoint=endpoint, payload=payload, original_body=body,
-                              client_ids=client_ids, policy=policy, deadline=time.monotonic() + policy.budget_s,
-                              tries=tries, token_stall_s=token_stall_s)
+                              attempts=attempts, payload=payload, client_ids=client_ids, token_stall_s=token_stall_s)
         sent: list[dict[str, Any]] = []
 
         async def receive() -> dict[str, Any]:
@@ -245,12 +222,19 @@ async def _relay(base: str, endpoint: str, payload: dict[str, Any], *, policy: R
 
         await relay({"type": "http"}, receive, send)
         await asyncio.sleep(0.01)
-        if lean_client is not None:
-            await lean_client.aclose()
+    finally:
+        await client.aclose()
     assert len(done) == 1 and sent[-1] == {"type": "http.response.body", "body": b"", "more_body": False}
     raw = b"".join(msg.get("body", b"") for msg in sent)
     events = [orjson.loads(ev[6:]) for ev in raw.split(b"\n\n") if ev.startswith(b"data: {")]
     return events, raw, done[0]
+
+
+def _opener(client: UpstreamClient, url: str, read_timeout: float = 10) -> Opener:
+    def call(ep: str, content: bytes) -> Awaitable[UpstreamResponse]:
+        return client.post(f"{url}/{ep}", content, {"content-type": "application/json"}, stream=True,
+                           read_timeout=read_timeout)
+    return call
 
 
 def _tokens(events: list[dict[str, Any]], chat: bool) -> list[int]:
@@ -379,7 +363,7 @@ def test_once_tokens_flow_a_short_gap_breaks_a_stalled_stream(upstream: str) -> 
     """A replica that stops mid-stream (SIGSTOP) is noticed after ``token_stall_s``, not after the long wait
     allowed for a first answer; the stream resumes with the exact tokens."""
     SCRIPT.append(("stall", 4))
-    events, _, o = asyncio.run(_relay(upstream, "completions", COMPLETION, read_timeout=30.0, lean=True,
+    events, _, o = asyncio.run(_relay(upstream, "completions", COMPLETION, read_timeout=30.0,
                                       token_stall_s=0.5))
     assert _tokens(events, chat=False) == generate(tokenize("once upon"), 10)
     assert [s["step"] for s in o.recovery_steps] == ["decode_resume"]
@@ -436,17 +420,15 @@ def test_a_first_call_the_pool_does_not_answer_soon_is_asked_of_the_fallback_too
     async def run() -> tuple[bytes, Outcome]:
         outcome = Outcome(request_id=uuid.uuid4(), tenant_id=uuid.uuid4(), api_key_id=None, model="m",
                           endpoint="completions", stream=False, started=time.time(), start_pc=time.perf_counter())
-        async with httpx.AsyncClient() as client:
-            def at(url: str) -> Opener:
-                async def call(ep: str, content: bytes) -> httpx.Response:
-                    return await client.post(f"{url}/{ep}", content=content)
-                return call
-
-            opener = FailoverOpener(at(upstream), at(upstream.removesuffix("/v1") + "/fallback/v1"), PoolHealth(),
-                                    upstream, outcome, hedge_s=0.2)
+        client = UpstreamClient(timeout_s=10)
+        try:
+            fallback = _opener(client, upstream.removesuffix("/v1") + "/fallback/v1")
+            opener = FailoverOpener(_opener(client, upstream), fallback, PoolHealth(), upstream, outcome, hedge_s=0.2)
             response = await opener("completions", orjson.dumps({**COMPLETION, "stream": True}))
             assert response.status_code == 200 and opener.last == "fallback"
             return await response.aread(), outcome
+        finally:
+            await client.aclose()
 
     body, outcome = asyncio.run(run())
     assert b"[DONE]" in body
@@ -470,20 +452,20 @@ def test_while_a_pool_is_down_calls_go_to_both_pools_then_back(upstream: str) ->
 
 
 def test_when_both_pools_fail_the_primarys_answer_is_what_the_caller_sees(upstream: str) -> None:
-    async def run() -> httpx.Response:
+    async def run() -> UpstreamResponse:
         outcome = Outcome(request_id=uuid.uuid4(), tenant_id=uuid.uuid4(), api_key_id=None, model="m",
                           endpoint="completions", stream=True, started=time.time(), start_pc=time.perf_counter())
-        async with httpx.AsyncClient() as client:
-            async def primary(ep: str, content: bytes) -> httpx.Response:
-                return await client.post(f"{upstream}/{ep}", content=content)
-
-            async def fallback(ep: str, content: bytes) -> httpx.Response:
+        client = UpstreamClient(timeout_s=10)
+        try:
+            async def fallback(ep: str, content: bytes) -> UpstreamResponse:
                 raise httpx.ConnectError("refused")
 
-            opener = FailoverOpener(primary, fallback, PoolHealth(), upstream, outcome)
+            opener = FailoverOpener(_opener(client, upstream), fallback, PoolHealth(), upstream, outcome)
             response = await opener("completions", orjson.dumps({**COMPLETION, "stream": True}))
             assert [(s["step"], s["outcome"]) for s in outcome.recovery_steps] == [("aggregated_fallback", "failed")]
             return response
+        finally:
+            await client.aclose()
 
     SCRIPT.append(("status503", 0))
     response = asyncio.run(run())
