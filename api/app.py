@@ -117,7 +117,9 @@ def create_app(
     )
     install_error_handlers(app)
     from baton.api.body_limit import BodyLimit
+    from baton.api.gateway.fastpath import FastPath
 
+    app.add_middleware(FastPath)  # inside the body limit: the hot routes' plain case (api/gateway/fastpath.py)
     app.add_middleware(BodyLimit, max_bytes=settings.gateway.max_request_bytes)
 
     from baton.api.gateway.routes import router as gateway_router

@@ -201,15 +201,26 @@ def _with_status(err: errors.BatonError, status: int) -> errors.BatonError:
     return cls(err.message, param=err.param, **err.extra)
 
 
+def baton_error_response(request: Request, exc: errors.BatonError) -> Response:
+    """A raised Baton error as its response (a server error is logged with its traceback)."""
+    if not isinstance(exc, errors.ClientError):
+        log.error("request failed: %s %s (%s)", request.method, request.url.path, exc.code, exc_info=exc)
+    headers = exc.extra.get("headers")
+    return error_response(request, exc, headers=headers if isinstance(headers, Mapping) else None)
+
+
+def http_error_response(request: Request, exc: StarletteHTTPException) -> Response:
+    """Starlette's HTTP exceptions (404, 405, 413, ...) in the path's shape."""
+    headers = dict(exc.headers) if exc.headers else None
+    return error_response(request, _http_error(exc), headers=headers)
+
+
 def install_error_handlers(app: FastAPI) -> None:
     """Maps every exception an app can raise to one of the two shapes; unknown ones become 500s."""
 
     async def on_baton_error(request: Request, exc: Exception) -> Response:
         assert isinstance(exc, errors.BatonError)
-        if not isinstance(exc, errors.ClientError):
-            log.error("request failed: %s %s (%s)", request.method, request.url.path, exc.code, exc_info=exc)
-        headers = exc.extra.get("headers")
-        return error_response(request, exc, headers=headers if isinstance(headers, Mapping) else None)
+        return baton_error_response(request, exc)
 
     async def on_validation_error(request: Request, exc: Exception) -> Response:
         assert isinstance(exc, RequestValidationError)
@@ -220,8 +231,7 @@ def install_error_handlers(app: FastAPI) -> None:
 
     async def on_http_error(request: Request, exc: Exception) -> Response:
         assert isinstance(exc, StarletteHTTPException)
-        headers = dict(exc.headers) if exc.headers else None
-        return error_response(request, _http_error(exc), headers=headers)
+        return http_error_response(request, exc)
 
     async def on_unexpected(request: Request, exc: Exception) -> Response:
         log.error("unhandled error: %s %s", request.method, request.url.path, exc_info=exc)

@@ -20,6 +20,7 @@ import time
 from typing import Any
 
 TOKEN = " tok"  # noqa: S105 - the text of one streamed token
+TOKEN_ID = 1000  # its id
 
 
 def _chunk(body: bytes) -> bytes:
@@ -42,24 +43,36 @@ def configure(*, token_gap_ms: float = 1.0, batched: bool = False) -> None:
 
 
 def stream_parts(req: dict[str, Any], chat: bool) -> list[bytes]:
-    """The chunked-encoding frames of one request's SSE body, one per event, the terminator last."""
+    """The chunked-encoding frames of one request's SSE body, one per event, the terminator last. With
+    ``return_token_ids`` (the gateway asks for them to resume streams) the events carry token ids as vLLM's
+    do: the prompt's on the first event, each token's on its chunk."""
     n = int(req.get("max_tokens") or req.get("max_completion_tokens") or 16)
     model = str(req.get("model", "stub"))
     created = int(time.time())
     rid = "cmpl-stub"
     obj_name = "chat.completion.chunk" if chat else "text_completion"
+    prompt = req.get("messages") or req.get("prompt") or ""
+    prompt_tokens = max(1, len(json.dumps(prompt)) // 4)
+    ids = bool(req.get("return_token_ids"))
+    prompt_ids = list(range(1, prompt_tokens + 1))
     parts = []
     if chat:
-        parts.append(_sse({"id": rid, "object": obj_name, "created": created, "model": model,
-                           "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""},
-                                        "finish_reason": None}]}))
+        first: dict[str, Any] = {"id": rid, "object": obj_name, "created": created, "model": model,
+                                 "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""},
+                                              "logprobs": None, "finish_reason": None}]}
+        if ids:
+            first["prompt_token_ids"] = prompt_ids
+        parts.append(_sse(first))
     for i in range(n):
         last = i == n - 1
         choice: dict[str, Any] = ({"index": 0, "delta": {"content": TOKEN}} if chat else {"index": 0, "text": TOKEN})
+        choice["logprobs"] = None
         choice["finish_reason"] = "length" if last else None
+        if ids:
+            choice["token_ids"] = [TOKEN_ID]
+            if not chat and i == 0:
+                choice["prompt_token_ids"] = prompt_ids
         parts.append(_sse({"id": rid, "object": obj_name, "created": created, "model": model, "choices": [choice]}))
-    prompt = req.get("messages") or req.get("prompt") or ""
-    prompt_tokens = max(1, len(json.dumps(prompt)) // 4)
     if (req.get("stream_options") or {}).get("include_usage"):
         parts.append(_sse({"id": rid, "object": obj_name, "created": created, "model": model, "choices": [],
                            "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": n,

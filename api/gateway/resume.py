@@ -375,6 +375,11 @@ class _Stream:
     model: str | None = None
 
 
+_IDS = b',"token_ids":['
+_CHAT_TEXT = b'"content":"'
+_TEXT = b'"text":"'
+
+
 def _data(ev: bytes) -> bytes | None:
     for line in ev.split(b"\n"):
         if line.startswith(b"data:"):
@@ -513,6 +518,9 @@ class ResumingRelay(SSERelay):
 
     def _event(self, ev: bytes, st: _Stream, now: float) -> tuple[bytes | None, str | None]:
         """One upstream SSE event -> (bytes for the client, failure)."""
+        passed = self._pass(ev, st, now)
+        if passed is not None:
+            return passed, None
         obj, choice, failure = self._parse(ev, st)
         if obj is None or choice is None:
             return None, failure
@@ -538,6 +546,30 @@ class ResumingRelay(SSERelay):
         if st.resumed:
             obj = self._reframe(obj, choice, st, ids if self._client_ids else None)
         return held + b"data: " + orjson.dumps(obj) + b"\n\n", None
+
+    def _pass(self, ev: bytes, st: _Stream, now: float) -> bytes | None:
+        """The common event, relayed by scanning its bytes instead of decoding and re-encoding it: a token
+        chunk of an undisturbed stream after its first (one choice, with text and its token ids, no finish,
+        usage or error). Only the ids are cut out (unless the client asked for them). None: the event needs
+        the full parse (:meth:`_event`)."""
+        if st.resumed or st.held or not st.ids_ok or st.prompt_ids is None or not ev.startswith(b"data: {"):
+            return None
+        if (b'"finish_reason":null' not in ev or b'"usage"' in ev or b'"error"' in ev
+                or b"prompt_token_ids" in ev or b'"index":1' in ev):
+            return None  # quotes inside a JSON string are escaped: these match structure only
+        start = ev.find(_IDS)
+        end = ev.find(b"]", start)
+        if start < 0 or end < 0 or ev.find(_IDS, end) >= 0:
+            return None
+        text = ev.find(_CHAT_TEXT if self._chat else _TEXT)
+        if text < 0 or ev[text + (11 if self._chat else 8)] == 34:  # no text, or "" (a held-back token's)
+            return None
+        try:
+            ids = [int(x) for x in ev[start + len(_IDS):end].split(b",")]
+        except ValueError:
+            return None
+        self._count(ids, True, 0, st, now)
+        return (ev if self._client_ids else ev[:start] + ev[end + 1:]) + b"\n\n"
 
     def _parse(self, ev: bytes, st: _Stream) -> tuple[dict[str, Any] | None, dict[str, Any] | None, str | None]:
         """An event's chunk and its first choice, or (None, None, why it breaks the stream or None). Notes

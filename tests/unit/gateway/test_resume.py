@@ -33,6 +33,7 @@ from baton.api.gateway.resume import (
     PoolHealth,
     ResumePolicy,
     ResumingRelay,
+    _Stream,
     continuation_body,
     resumable,
 )
@@ -484,3 +485,64 @@ def test_what_cannot_be_resumed_is_recognised() -> None:
     body = continuation_body("chat/completions", {**CHAT, "min_tokens": 4, "max_tokens": None,
                                                   "max_completion_tokens": 9}, [1, 2], [3])
     assert body is not None and body["max_tokens"] == 8 and body["min_tokens"] == 3 and body["prompt"] == [1, 2, 3]
+
+
+def _bare_relay(chat: bool, client_ids: bool) -> tuple[ResumingRelay, Outcome]:
+    outcome = Outcome(request_id=uuid.uuid4(), tenant_id=uuid.uuid4(), api_key_id=None, model="m",
+                      endpoint="chat/completions" if chat else "completions", stream=True, started=time.time(),
+                      start_pc=time.perf_counter())
+
+    async def never(ep: str, content: bytes) -> UpstreamResponse:
+        raise AssertionError("no upstream call expected")
+
+    attempts = Attempts(never, outcome.endpoint, b"{}", policy=POLICY, outcome=outcome)
+    relay = ResumingRelay(UpstreamResponse.read(200, b""), outcome, strip_usage=True, headers=[],
+                          done=lambda o: None, attempts=attempts, payload={}, client_ids=client_ids)
+    return relay, outcome
+
+
+def _vllm_event(chat: bool, text: str, ids: list[int] | None, finish: str | None = None) -> bytes:
+    """A chunk as vLLM writes it (pydantic's compact JSON, fields in its order)."""
+    if chat:
+        choice: dict[str, Any] = {"index": 0, "delta": {"content": text}, "logprobs": None, "finish_reason": finish}
+        obj: dict[str, Any] = {"id": "chatcmpl-1", "object": "chat.completion.chunk", "created": 5, "model": "m",
+                               "choices": [choice]}
+    else:
+        choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish, "stop_reason": None}
+        obj = {"id": "cmpl-1", "object": "text_completion", "created": 5, "model": "m", "choices": [choice]}
+    if ids is not None:
+        choice["token_ids"] = ids
+    return b"data: " + orjson.dumps(obj)
+
+
+@pytest.mark.parametrize("chat", [True, False])
+@pytest.mark.parametrize("client_ids", [True, False])
+def test_token_events_relayed_by_scanning_equal_the_parsed_ones(chat: bool, client_ids: bool) -> None:
+    """Mid-stream token chunks skip the JSON round trip; what the client gets and what is counted are the
+    same as through the full parse, and every other kind of event still takes the full parse."""
+    events = [_vllm_event(chat, " tok", [17]), _vllm_event(chat, 'say "error": \\n é', [18, 19]),
+              _vllm_event(chat, "x", [20])]
+    parsed_only = [_vllm_event(chat, "", [21]), _vllm_event(chat, " y", None), _vllm_event(chat, " z", [22], "stop"),
+                   b'data: {"error":{"message":"x","code":500}}']
+
+    def run(scan: bool) -> tuple[list[bytes | None], list[int], int, int]:
+        relay, outcome = _bare_relay(chat, client_ids)
+        st = _Stream(prompt_ids=[1, 2], id="x", created=5, model="m")
+        scanned = 0
+        if not scan:
+            relay._pass = lambda ev, st, now: None  # type: ignore[method-assign]
+        out = []
+        for ev in events:
+            if scan and relay._pass(ev, _Stream(prompt_ids=[1, 2], id="x"), 0.0) is not None:
+                scanned += 1
+            out.append(relay._event(ev, st, time.perf_counter())[0])
+        for ev in parsed_only:
+            assert relay._pass(ev, _Stream(prompt_ids=[1, 2], id="x"), 0.0) is None
+        return out, st.sent, outcome.completion_tokens, scanned
+
+    fast, fast_sent, fast_tokens, scanned = run(scan=True)
+    slow, slow_sent, slow_tokens, _ = run(scan=False)
+    assert scanned == len(events)
+    assert [orjson.loads(b[6:]) for b in fast if b] == [orjson.loads(b[6:]) for b in slow if b]
+    assert fast_sent == slow_sent == [17, 18, 19, 20] and fast_tokens == slow_tokens == 4
+    assert all((b"token_ids" in b) == client_ids for b in fast if b)
