@@ -8,8 +8,9 @@ serves a well-formed request of those two routes itself, in the same steps the r
 (authenticate, validate the body against the same schema, ``Gateway.prepare_*``, ``Gateway.forward``),
 and leaves everything else to the app: any other route, and any request that is not the plain case
 (no or another kind of ``Authorization`` header, a key that does not authenticate, a body that is not
-a valid JSON object of the schema, a content type other than ``application/json`` or none). Those go to the FastAPI route with the body
-already read, so every error a client can get is the one the route gives, in the same order.
+a valid JSON object of the schema, a content type other than ``application/json`` or none). Those go
+to the FastAPI route with the body already read, so every error a client can get is the one the route
+gives, in the same order.
 
 Errors raised after that point (limits, routing, the upstream) are answered by the same functions as
 the app's exception handlers.

@@ -18,7 +18,8 @@ from typing import Any
 
 from opentelemetry import trace
 from opentelemetry.context import Context
-from opentelemetry.trace import SpanKind, Status, StatusCode
+from opentelemetry.sdk.trace import ReadableSpan
+from opentelemetry.trace import SpanContext, SpanKind, Status, StatusCode
 
 from baton.api.gateway.metering import Outcome
 from baton.core import telemetry as t
@@ -48,12 +49,32 @@ def start_request(tracer: trace.Tracer, *, traceparent: str | None, start_ns: in
 
 def child(tracer: trace.Tracer, parent: trace.Span, name: str, start_ns: int, end_ns: int, *,
           attributes: dict[str, Any] | None = None, error: str | None = None) -> None:
-    """A finished child span with measured times."""
-    span = tracer.start_span(name, context=trace.set_span_in_context(parent), start_time=start_ns,
-                             attributes=attributes)
-    if error:
-        span.set_status(Status(StatusCode.ERROR, error))
-    span.end(end_time=max(end_ns, start_ns))
+    """A finished child span with measured times.
+
+    Written straight to the tracer's span processors as a finished span (no live span to start, lock,
+    sample and end: its parent was sampled, and it is done): a third of the SDK's cost. A tracer without
+    that seam (another SDK) gets the same span the usual way."""
+    if not parent.is_recording():
+        return
+    status = Status(StatusCode.ERROR, error) if error else _UNSET
+    processor = getattr(tracer, "_span_processor", None)
+    ids = getattr(tracer, "id_generator", None)
+    if processor is None or ids is None or not isinstance(parent, ReadableSpan):
+        span = tracer.start_span(name, context=trace.set_span_in_context(parent), start_time=start_ns,
+                                 attributes=attributes)
+        if error:
+            span.set_status(status)
+        span.end(end_time=max(end_ns, start_ns))
+        return
+    ctx = parent.get_span_context()
+    processor.on_end(ReadableSpan(
+        name, context=SpanContext(ctx.trace_id, ids.generate_span_id(), is_remote=False, trace_flags=ctx.trace_flags,
+                                  trace_state=ctx.trace_state),
+        parent=ctx, resource=parent.resource, attributes=attributes or {}, kind=SpanKind.INTERNAL, status=status,
+        start_time=start_ns, end_time=max(end_ns, start_ns), instrumentation_scope=parent.instrumentation_scope))
+
+
+_UNSET = Status(StatusCode.UNSET)
 
 
 def epoch_ns(outcome: Outcome, pc: float) -> int:

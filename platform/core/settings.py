@@ -152,6 +152,10 @@ class TelemetrySettings(BaseModel):
     enabled: bool = Field(True, description="Create spans at all.")
     otlp_endpoint: str | None = Field(None, description="OTLP/HTTP endpoint, e.g. http://collector:4318.")
     service_name: str = Field("baton", description="`service.name` resource attribute.")
+    sample_ratio: float = Field(
+        1.0, ge=0, le=1, description="Share of new traces recorded (by trace id). A request that arrives with a "
+        "`traceparent` follows its caller's decision; trace ids reach request records and engines either way."
+    )
     link_bandwidth_gbps: float = Field(
         1.9, gt=0, description="KV link bandwidth (GB/s) used for the handoff's ideal time."
     )

@@ -6,7 +6,9 @@ Baton's spans (DESIGN.md, "A request, end to end"): ``gateway.request`` with ``g
 conventions plus ``baton.*``; never key material, never prompt text unless a tenant allows it.
 
 Tracing never breaks serving: exporting happens off the request path in a batch processor with a
-short timeout, and an exporter that is down only loses spans.
+short timeout, and an exporter that is down only loses spans. Spans go out through Baton's own OTLP
+encoder (:mod:`baton.core.otlp`); ``telemetry.sample_ratio`` records a share of new traces, and a
+request that brings a ``traceparent`` follows its caller's sampling decision.
 """
 
 from __future__ import annotations
@@ -66,11 +68,16 @@ def setup_tracing(
     """
     if not settings.enabled:
         return Tracing(trace.NoOpTracer(), None)
-    provider = TracerProvider(resource=Resource.create({"service.name": settings.service_name}))
-    if exporter is None and settings.otlp_endpoint:
-        from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+    from opentelemetry.metrics import NoOpMeterProvider
+    from opentelemetry.sdk.trace.sampling import ParentBased, TraceIdRatioBased
 
-        exporter = OTLPSpanExporter(endpoint=settings.otlp_endpoint.rstrip("/") + "/v1/traces", timeout=2)
+    provider = TracerProvider(resource=Resource.create({"service.name": settings.service_name}),
+                              sampler=ParentBased(TraceIdRatioBased(settings.sample_ratio)),
+                              meter_provider=NoOpMeterProvider())  # no SDK self-metrics per span
+    if exporter is None and settings.otlp_endpoint:
+        from baton.core.otlp import OtlpHttpExporter
+
+        exporter = OtlpHttpExporter(settings.otlp_endpoint.rstrip("/") + "/v1/traces", timeout_s=2)
     if exporter is not None:
         processor = (
             BatchSpanProcessor(exporter, max_queue_size=8192, schedule_delay_millis=500, export_timeout_millis=2000)

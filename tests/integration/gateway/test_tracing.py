@@ -12,6 +12,7 @@ from collections.abc import AsyncIterator, Iterator
 
 import httpx
 import pytest
+from opentelemetry.sdk.trace import Span as SdkSpan
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from baton.api.gateway.facts import FactMerger
@@ -28,7 +29,7 @@ from baton.core.contracts import (
     fact_key,
 )
 from baton.core.settings import Settings, TelemetrySettings
-from tests.integration.gateway.conftest import Catalogue, MakeTenant, serve, wait_for
+from tests.integration.gateway.conftest import Catalogue, MakeTenant, request_rows, serve, wait_for
 
 CLIENT_TRACE = "0af7651916cd43dd8448eb211c80319c"
 CLIENT_SPAN = "b7ad6b7169203331"
@@ -70,6 +71,7 @@ def test_one_tree_per_request_under_the_clients_trace(
         assert f"{root.parent.span_id:016x}" == CLIENT_SPAN  # a child of the client's span
         for name in (t.SPAN_GATEWAY_AUTH, t.SPAN_GATEWAY_RATELIMIT):
             assert spans[name].parent.span_id == root.context.span_id
+            assert not isinstance(spans[name], SdkSpan)  # written finished, not started and ended live
             assert root.start_time <= spans[name].start_time <= spans[name].end_time <= root.end_time
         attrs = dict(root.attributes)
         assert attrs["gen_ai.operation.name"] == "chat"
@@ -137,6 +139,32 @@ def test_an_unreachable_collector_costs_only_the_spans(
                 "model": catalogue.big, "messages": [{"role": "user", "content": "x"}], "stream": stream,
                 "max_tokens": 2})
             assert resp.status_code == 200
+
+
+def test_a_sample_ratio_of_zero_records_only_traces_a_caller_sampled(
+    gw_settings: Settings, stub_url: str, catalogue: Catalogue, make_tenant: MakeTenant, db,
+) -> None:
+    """``telemetry.sample_ratio = 0``: a new trace is not recorded (its id still reaches the engine, unsampled,
+    and the request record); a caller's sampled ``traceparent`` is followed and recorded."""
+    from baton.api.app import create_app
+
+    memory = InMemorySpanExporter()
+    tracing = t.setup_tracing(TelemetrySettings(sample_ratio=0.0), exporter=memory, batch=False)
+    key = make_tenant([catalogue.big])
+    body = {"model": catalogue.big, "messages": [{"role": "user", "content": "x"}], "max_tokens": 2}
+    with serve(create_app(gw_settings, optional_routers=(), tracing=tracing)) as url:
+        resp = httpx.post(f"{url}/v1/chat/completions", headers=key.headers, json=body, timeout=30)
+        assert resp.status_code == 200
+        sent = httpx.get(f"{stub_url}/_last").json()["headers"]["traceparent"]
+        assert sent.endswith("-00") and memory.get_finished_spans() == ()
+        rid = uuid.UUID(resp.headers["x-request-id"].removeprefix("req-"))
+        record = wait_for(lambda: next((r for r in request_rows(db, key.tenant_id) if r.id == rid), None))
+        assert record.trace_id == sent[3:35]
+        resp = httpx.post(f"{url}/v1/chat/completions", json=body, timeout=30,
+                          headers={**key.headers, "traceparent": f"00-{CLIENT_TRACE}-{CLIENT_SPAN}-01"})
+        assert resp.status_code == 200
+        spans = wait_for(lambda: _spans(memory, CLIENT_TRACE))
+        assert {t.SPAN_GATEWAY_REQUEST, t.SPAN_GATEWAY_AUTH, t.SPAN_GATEWAY_RATELIMIT} <= set(spans)
 
 
 def _outcome(**kw: object) -> Outcome:

@@ -208,8 +208,8 @@ def test_an_unreachable_upstream_is_a_connect_error() -> None:
 
 
 def test_silence_counts_from_the_last_piece_and_a_shorter_limit_applies_at_once() -> None:
-    """The silence limit, shortened from 2 s to 0.2 s after the first piece, ends the 0.5 s pause after the
-    eighth (a timer still set for the 2 s limit would let the ninth piece through), while pieces 0.1 s apart
+    """The silence limit, shortened from 3 s to 0.4 s after the first piece, ends the 1.2 s pause after the
+    eighth (a timer still set for the 3 s limit would let the ninth piece through), while pieces 0.1 s apart
     for 0.8 s in all pass (the connection's one timer waits on for each new deadline)."""
     async def trickle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         await _read_request(reader)
@@ -218,7 +218,7 @@ def test_silence_counts_from_the_last_piece_and_a_shorter_limit_applies_at_once(
             writer.write(b"9\r\ndata: 1\n\n\r\n")
             await writer.drain()
             await asyncio.sleep(0.1)
-        await asyncio.sleep(0.5)
+        await asyncio.sleep(1.2)
         writer.write(b"9\r\ndata: 2\n\n\r\n")
         await writer.drain()
         await asyncio.sleep(5)
@@ -228,11 +228,11 @@ def test_silence_counts_from_the_last_piece_and_a_shorter_limit_applies_at_once(
         client = UpstreamClient(timeout_s=5)
         got: list[bytes] = []
         try:
-            r = await client.post(url, b"{}", {}, stream=True, read_timeout=2.0)
+            r = await client.post(url, b"{}", {}, stream=True, read_timeout=3.0)
             with pytest.raises(httpx.ReadTimeout):
                 async for piece in r.aiter_raw():
                     got.append(piece)
-                    r.set_read_timeout(0.2)
+                    r.set_read_timeout(0.4)
         finally:
             await client.aclose()
             server.close()

@@ -1,0 +1,87 @@
+"""Baton's OTLP encoder against OpenTelemetry's: the same request, decoded by the official message classes."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, HTTPServer
+
+import pytest
+from opentelemetry import trace
+from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans as official_encode
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+from opentelemetry.sdk.resources import Resource
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor, SpanExportResult
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from opentelemetry.trace import Link, SpanKind, Status, StatusCode
+
+from baton.core import telemetry as t
+from baton.core.otlp import OtlpHttpExporter, encode_spans
+
+
+def _spans() -> list:  # type: ignore[type-arg]
+    memory = InMemorySpanExporter()
+    provider = TracerProvider(resource=Resource.create({"service.name": "baton-test", "n": 3}))
+    provider.add_span_processor(SimpleSpanProcessor(memory))
+    tracer = provider.get_tracer("baton", "1.2")
+    remote = t.context_from_traceparent("00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01")
+    root = tracer.start_span("gateway.request", context=remote, kind=SpanKind.SERVER, start_time=1_000,
+                             attributes={"s": "é text", "b": False, "i": -5, "big": 2**40, "f": 0.25,
+                                         "zero": 0, "empty": "", "list": ["a", "b"], "ints": [1, 2]})
+    child = tracer.start_span("gateway.auth", context=trace.set_span_in_context(root), start_time=1_100,
+                              links=[Link(root.get_span_context(), {"why": "x"})])
+    child.add_event("held", {"tokens": 2}, timestamp=1_150)
+    child.set_status(Status(StatusCode.ERROR, "broke"))
+    child.end(end_time=1_200)
+    root.set_status(Status(StatusCode.OK))
+    root.end(end_time=2_000)
+    other = TracerProvider(resource=Resource.create({"service.name": "other"})).get_tracer("x")
+    lone = other.start_span("lone", start_time=5)
+    lone.end(end_time=6)
+    spans = list(memory.get_finished_spans())
+    return [*spans, lone]
+
+
+def test_the_bytes_decode_to_what_the_official_encoder_builds() -> None:
+    spans = _spans()
+    mine = ExportTraceServiceRequest.FromString(encode_spans(spans))
+    assert mine == official_encode(spans)
+    assert len(mine.resource_spans) == 2 and len(mine.resource_spans[0].scope_spans[0].spans) == 2
+
+
+class _Collector(BaseHTTPRequestHandler):
+    bodies: list[bytes] = []
+    status = 200
+
+    def do_POST(self) -> None:
+        length = int(self.headers["content-length"])
+        type(self).bodies.append(self.rfile.read(length))
+        self.send_response(type(self).status)
+        self.end_headers()
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+@pytest.fixture()
+def collector() -> Iterator[str]:
+    _Collector.bodies = []
+    server = HTTPServer(("127.0.0.1", 0), _Collector)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{server.server_port}/v1/traces"
+    server.shutdown()
+
+
+def test_the_exporter_posts_the_batch_and_says_when_the_collector_refuses_it(collector: str) -> None:
+    spans = _spans()
+    exporter = OtlpHttpExporter(collector)
+    assert exporter.export(spans) is SpanExportResult.SUCCESS
+    assert ExportTraceServiceRequest.FromString(_Collector.bodies[0]) == official_encode(spans)
+    _Collector.status = 400
+    try:
+        assert exporter.export(spans) is SpanExportResult.FAILURE
+    finally:
+        _Collector.status = 200
+    assert OtlpHttpExporter("http://127.0.0.1:9/v1/traces", timeout_s=0.5).export(spans) is SpanExportResult.FAILURE
