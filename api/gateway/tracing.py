@@ -57,7 +57,7 @@ def child(tracer: trace.Tracer, parent: trace.Span, name: str, start_ns: int, en
     if not parent.is_recording():
         return
     status = Status(StatusCode.ERROR, error) if error else _UNSET
-    processor = getattr(tracer, "_span_processor", None)
+    processor = getattr(tracer, "span_processor", None)
     ids = getattr(tracer, "id_generator", None)
     if processor is None or ids is None or not isinstance(parent, ReadableSpan):
         span = tracer.start_span(name, context=trace.set_span_in_context(parent), start_time=start_ns,
