@@ -194,6 +194,8 @@ def _gateway(d: dict[str, Any]) -> str:
     if d.get("throughput"):
         parts.append(f"Throughput at concurrency {c['throughput_concurrency']}:\n\n"
                      + _gateway_throughput(d["throughput"]))
+    if d.get("per_token"):
+        parts.append(_gateway_per_token(d["per_token"]))
     parts.append(_gateway_targets(d.get("headline") or {}, rounds))
     return "\n".join(p for p in parts if p)
 
@@ -247,12 +249,24 @@ def _gateway_throughput(tp: dict[str, Any]) -> str:
     return _rows(["arm", "ok/sent", "req/s", "req per proxy CPU-second", "proxy RSS", "TTFT p50", "TTFT p99"], rows)
 
 
+def _gateway_per_token(pt: dict[str, Any]) -> str:
+    short, long = pt["lengths"]
+    rows = [[name, f"{a['requests']:,}", f"{_num(a['cpu_ms_per_request'][str(short)], 3)} ms",
+             f"{_num(a['cpu_ms_per_request'][str(long)], 3)} ms", f"{_num(a['cpu_ms_per_token'], 4)} ms"]
+            for name, a in pt.items() if isinstance(a, dict)]
+    return (f"CPU per relayed token (concurrency {pt['concurrency']}; the same requests with {short} and {long} "
+            f"output tokens, the difference over the {long - short} extra tokens):\n\n"
+            + _rows(["arm", "requests per length", f"CPU / request, {short} token", f"CPU / request, {long} tokens",
+                     "CPU / token"], rows))
+
+
 def _gateway_target_rows(h: dict[str, Any]) -> list[list[str]]:
     """``[figure, target, measured, met]`` of a gateway result's headline."""
     t, ratios, rows = h.get("targets") or {}, h.get("ratios") or {}, []
     for arm in ("baton", "baton-notrace"):
         a, lite = h.get(arm), ratios.get(f"{arm}_over_litellm")
-        for key, what, digits in (("added_ttft_p50_ms", "added TTFT p50", 2), ("added_itl_p50_ms", "added ITL p50", 3)):
+        for key, what, digits in (("added_ttft_p50_ms", "added TTFT p50", 2),
+                                  ("added_ttft_p99_ms", "added TTFT p99", 2), ("added_itl_p50_ms", "added ITL p50", 3)):
             if a and key in t:
                 rows.append([f"{arm}: {what}", f"<= {t[key]:g} ms", f"{_signed(a[key], digits)} ms",
                              _verdict(a[key], t[key])])
@@ -272,6 +286,12 @@ def _gateway_target_rows(h: dict[str, Any]) -> list[list[str]]:
         rows.append([f"baton: req/s of {tp['workers']} worker processes / one", f">= {tt['workers_over_one']:g}",
                      _num(tp["workers_over_one"], 2), _verdict(tp["workers_over_one"], tt["workers_over_one"],
                                                                at_most=False)])
+    pt = h.get("per_token") or {}
+    for arm in ("baton", "baton-notrace"):
+        per = (pt.get("cpu_ms_per_token") or {}).get(arm)
+        if per is not None:
+            rows.append([f"{arm}: CPU per relayed token", f"<= {pt['target']:g} ms", f"{_num(per, 4)} ms",
+                         _verdict(per, pt["target"])])
     return rows
 
 

@@ -236,6 +236,9 @@ def gateway(  # noqa: PLR0917 - typer options
     scaling_workers: Annotated[int, typer.Option(
         "--scaling-workers", min=0, help="The throughput phase also runs Baton with this many worker processes "
         "(0 or 1: not).")] = 2,
+    token_requests: Annotated[int, typer.Option(
+        "--token-requests", min=-1, help="Requests per proxy and length (1 and --output-len tokens) of the "
+        "per-token CPU phase (-1: 1000 with zero, 96 with an engine; 0: none).")] = -1,
     out: OutOpt = None,
 ) -> None:
     """Added latency of Baton's gateway (and of LiteLLM's proxy) over the bare upstream, in one run."""
@@ -252,7 +255,7 @@ def gateway(  # noqa: PLR0917 - typer options
                         input_len=input_len, output_len=output_len, seed=seed, db_url=db_url,
                         throughput_requests=throughput_requests, throughput_concurrency=throughput_concurrency,
                         gateway_cpus=cpus, stub_token_gap_ms=stub_token_gap_ms, stub_batched=stub_batched,
-                        scaling_workers=scaling_workers)
+                        scaling_workers=scaling_workers, token_requests=token_requests)
     with _progress() as factory:
         result = run_gateway(cfg, progress=factory, log=typer.echo)
     path = report.write_json(_out_path(out, f"gateway-{upstream}"), result)

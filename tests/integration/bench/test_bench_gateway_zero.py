@@ -12,8 +12,8 @@ ROOT = Path(__file__).resolve().parents[3]
 
 def test_gateway_bench_runs_every_arm_and_reports_added_latency(pg_url: str, tmp_path: Path) -> None:
     cfg = GatewayConfig(upstream="zero", tracing="both", litellm=False, blocks=2, block_size=4, warmup=1,
-                        output_len=5, throughput_requests=30, throughput_concurrency=4, db_url=pg_url,
-                        model_dir=str(tmp_path / "no-model"), state_dir=str(tmp_path))
+                        output_len=5, throughput_requests=30, throughput_concurrency=4, token_requests=20,
+                        db_url=pg_url, model_dir=str(tmp_path / "no-model"), state_dir=str(tmp_path))
     res = run_gateway(cfg, log=lambda _m: None)
     (rnd,) = res["rounds"]
     assert set(rnd["arms"]) == {"direct", "baton", "baton-notrace"}
@@ -32,8 +32,15 @@ def test_gateway_bench_runs_every_arm_and_reports_added_latency(pg_url: str, tmp
     assert "tracing_overhead" in rnd["ratios"]
     tp = res["throughput"]["baton"]
     assert tp["completed"] == 30 and tp["requests_per_cpu_s"] > 0 and tp["rss_mb"] > 0
-    assert res["headline"]["throughput"]["targets"] == {"requests_per_cpu_s": 1000, "rss_mb": 200,
+    assert res["headline"]["throughput"]["targets"] == {"requests_per_cpu_s": 2000, "rss_mb": 200,
                                                         "workers_over_one": 1.8}
+    # per relayed token: each Baton arm served 20 requests of 1 and of 5 tokens; the figure is their difference
+    pt = res["per_token"]
+    for name in ("baton", "baton-notrace"):
+        per_request = pt[name]["cpu_ms_per_request"]
+        assert set(per_request) == {"1", "5"} and pt[name]["requests"] == 20
+        assert pt[name]["cpu_ms_per_token"] == (per_request["5"] - per_request["1"]) / 4
+    assert res["headline"]["per_token"]["target"] == 0.02
     # the same gateway with 2 worker processes, in the throughput phase only: both serve, both are counted
     two = res["throughput"]["baton-2w"]
     assert two["completed"] == 30 and two["requests_per_cpu_s"] > 0 and "baton-2w" not in rnd["arms"]

@@ -75,7 +75,7 @@ def test_gateway_ratios_and_tracing_overhead() -> None:
     assert h["baton"]["added_ttft_p50_ms"] == 2.0
     assert h["baton"]["added_itl_p50_ms"] == pytest.approx(0.2)
     assert h["litellm"]["cpu_ms_per_request"] == 120.0
-    assert h["targets"]["added_ttft_p50_ms"] == 1.0
+    assert h["targets"]["added_ttft_p50_ms"] == 0.5
 
 
 def test_ratio_is_undefined_when_litellm_adds_nothing() -> None:

@@ -91,9 +91,12 @@ def _gateway() -> dict[str, Any]:
                   "requests_per_cpu_s": 519.0, "rss_mb": 123.4, "ttft_ms": ttft},
         "baton-2w": {"requests": 100, "completed": 100, "duration_s": 2.5, "requests_per_s": 40.0,
                      "proxy_cpu_s": 0.2, "requests_per_cpu_s": 500.0, "rss_mb": 300.0, "ttft_ms": ttft}}
+    per_token = {"concurrency": 32, "lengths": [1, 32],
+                 "baton": {"requests": 1000, "cpu_ms_per_request": {"1": 1.2, "32": 1.82}, "cpu_ms_per_token": 0.02},
+                 "litellm": {"requests": 100, "cpu_ms_per_request": {"1": 30.0, "32": 40.85}, "cpu_ms_per_token": 0.35}}
     out = {"benchmark": "gateway", "config": dataclasses.asdict(GatewayConfig(upstream="zero")), "notes": [],
            "upstream_url": "http://127.0.0.1:9100/v1", "rounds": rounds, "throughput": throughput,
-           "rss_mb": {"baton": 123.4}}
+           "per_token": per_token, "rss_mb": {"baton": 123.4}}
     out["headline"] = gateway.headline(out)
     return out
 
@@ -175,10 +178,13 @@ def test_gateway_latency_added_over_direct_throughput_and_targets(tmp_path: Path
     assert "| baton | 8/0 | 12.80 | 12.80 | 1.000 | 1.000 | +2.8 | +3.8 | +0.020 | +0.030 | 2.50 ms |" in text
     assert "baton / LiteLLM: added TTFT p50 0.09," in text
     assert "| baton | 100/100 | 25 | 519 | 123 MB | 150.0 | 199.0 |" in text
-    assert "| baton: added TTFT p50 | <= 1 ms | +2.80 ms | **no** |" in text
-    assert "| baton: added ITL p50 | <= 0.2 ms | +0.020 ms | yes |" in text
-    assert "| baton / LiteLLM, added TTFT p50 | <= 0.1 | 0.09 | yes |" in text
-    assert "| baton: requests per gateway CPU-second | >= 1,000 | 519 | **no** |" in text
+    assert "| baton: added TTFT p50 | <= 0.5 ms | +2.80 ms | **no** |" in text
+    assert "| baton: added TTFT p99 | <= 1.5 ms | +3.80 ms | **no** |" in text
+    assert "| baton: added ITL p50 | <= 0.05 ms | +0.020 ms | yes |" in text
+    assert "| baton / LiteLLM, added TTFT p50 | <= 0.05 | 0.09 | **no** |" in text
+    assert "| baton: requests per gateway CPU-second | >= 2,000 | 519 | **no** |" in text
+    assert "| baton | 1,000 | 1.200 ms | 1.820 ms | 0.0200 ms |" in text  # the per-token phase
+    assert "| baton: CPU per relayed token | <= 0.02 ms | 0.0200 ms | yes |" in text
     assert "| baton: gateway RSS | <= 200 MB | 123 MB | yes |" in text
     assert "| baton-2w | 100/100 | 40 | 500 | 300 MB |" in text  # the throughput phase's 2-worker gateway
     assert "| baton: req/s of 2 worker processes / one | >= 1.8 | 1.60 | **no** |" in text
