@@ -188,7 +188,8 @@ async def _ladder(server: Any, request: Any, raw_request_info: Any, *,
             gen = call.remote(prefill_request, raw_request_info)
             timed_out = False
             try:
-                chunk = await asyncio.wait_for(gen.__anext__(), timeout=policy.timeout_s)
+                async with asyncio.timeout(policy.timeout_s):  # not wait_for: it can lose a cancellation (3.11)
+                    chunk = await gen.__anext__()
             except TimeoutError:
                 why = f"prefill did not answer within {policy.timeout_s:g} s"
                 timed_out = True

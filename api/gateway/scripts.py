@@ -189,8 +189,8 @@ class LeanScripts:
         loop = asyncio.get_running_loop()
         self._connecting = loop.create_future()
         try:
-            _, proto = await asyncio.wait_for(
-                loop.create_connection(_Protocol, self._host, self._port), self._connect_timeout)
+            async with asyncio.timeout(self._connect_timeout):  # not wait_for: it can lose a cancellation (3.11)
+                _, proto = await loop.create_connection(_Protocol, self._host, self._port)
             hello: list[tuple[bytes | str | int, ...]] = []
             if self._password is not None:
                 hello.append(("AUTH", self._username, self._password) if self._username

@@ -316,14 +316,8 @@ class Gateway:
         outcome, tp = self._outcome(principal, call, request_id, admitted.upstream, span=span,
                                     traceparent=traceparent)
         headers = {"x-request-id": f"req-{request_id.hex}", **admitted.headers}
-        sent_headers = upstream_headers(request_id.hex, tp, stream=call.stream)
-        upstream = admitted.upstream
-        opener: Opener = self._opener(f"{upstream.base_url}/", sent_headers, stream=call.stream)
-        if upstream.fallback_url:
-            opener = FailoverOpener(opener, self._opener(f"{upstream.fallback_url}/", sent_headers, stream=call.stream),
-                                    self.pool_health, upstream.base_url, outcome)
+        attempts = self._attempts(call, admitted, outcome, upstream_headers(request_id.hex, tp, stream=call.stream))
         lease = admitted.lease
-        attempts = Attempts(opener, call.endpoint, admitted.body, policy=self.resume, outcome=outcome)
         try:
             response, open_exc = await attempts.first()
         except BaseException:
@@ -335,15 +329,7 @@ class Gateway:
             self._end(outcome, lease, m.RequestStatus.FAILED, err.status, err.code)
             raise err from None
         if response.status_code != 200:
-            try:
-                content = await response.aread()
-            except httpx.HTTPError:
-                content = b""
-            finally:
-                await response.aclose()
-            err = upstream_error(response.status_code, content)
-            self._end(outcome, lease, m.RequestStatus.FAILED, err.status, err.code)
-            raise err
+            raise await self._refused(response, outcome, lease)
         if not call.stream:
             return self._answer(response, outcome, lease, headers)
         done = lambda o: self._finish(o, lease)  # noqa: E731 - the relay's end of the request
@@ -353,6 +339,27 @@ class Gateway:
                                  client_ids=admitted.client_ids, token_stall_s=self.token_stall_s)
         return SSERelay(response, outcome, strip_usage=not admitted.client_usage, headers=sse_headers(headers),
                         done=done)
+
+    def _attempts(self, call: Call, admitted: _Admitted, outcome: Outcome, sent_headers: dict[str, str]) -> Attempts:
+        """The request's upstream calls: to its deployment's pool, raced against the fallback pool if it has one."""
+        upstream = admitted.upstream
+        opener: Opener = self._opener(f"{upstream.base_url}/", sent_headers, stream=call.stream)
+        if upstream.fallback_url:
+            opener = FailoverOpener(opener, self._opener(f"{upstream.fallback_url}/", sent_headers, stream=call.stream),
+                                    self.pool_health, upstream.base_url, outcome)
+        return Attempts(opener, call.endpoint, admitted.body, policy=self.resume, outcome=outcome)
+
+    async def _refused(self, response: UpstreamResponse, outcome: Outcome, lease: Lease | None) -> errors.BatonError:
+        """The client's error for an upstream answer other than 200 (the request ends failed)."""
+        try:
+            content = await response.aread()
+        except httpx.HTTPError:
+            content = b""
+        finally:
+            await response.aclose()
+        err = upstream_error(response.status_code, content)
+        self._end(outcome, lease, m.RequestStatus.FAILED, err.status, err.code)
+        return err
 
     async def _admit(self, principal: Principal, call: Call, rid: str, span: Any) -> _Admitted:
         """Where the request goes, what is sent there, and the rate limiter's decision (raised if refused)."""

@@ -319,10 +319,9 @@ class UpstreamClient:
         if origin.scheme == "https":
             ssl = self._ssl or ssl_mod.create_default_context()
         try:
-            _, conn = await asyncio.wait_for(
-                loop.create_connection(lambda: _Connection(origin), origin.host, origin.port, ssl=ssl,
-                                       server_hostname=origin.host if ssl else None),
-                self.connect_timeout_s)
+            async with asyncio.timeout(self.connect_timeout_s):  # not wait_for: it can lose a cancellation (3.11)
+                _, conn = await loop.create_connection(lambda: _Connection(origin), origin.host, origin.port,
+                                                       ssl=ssl, server_hostname=origin.host if ssl else None)
         except TimeoutError:
             raise httpx.ConnectTimeout(f"no connection to the upstream within {self.connect_timeout_s:g} s") from None
         except OSError as exc:
