@@ -263,3 +263,12 @@ def test_the_summary_has_every_results_targets_and_says_how_many_are_met(tmp_pat
     (tmp_path / "bench-ingest.json").write_text(json.dumps(ingest))
     with pytest.raises(ValueError, match="provenance"):
         docreport.render_block("summary", tmp_path)
+
+
+def test_in_front_of_an_engine_only_the_cpu_figures_are_judged(tmp_path: Path) -> None:
+    """The engine's own TTFT varies by more than a proxy adds: added latency is shown, not judged."""
+    data = _gateway()
+    data["config"]["upstream"] = "engine"
+    text = _render(tmp_path, "gateway", data)
+    assert "| baton | 8/0 | 12.80 | 12.80 |" in text  # the round's table with the added latency stays
+    assert "added TTFT p50 | <=" not in text and "| baton: CPU per relayed token | <= 0.02 ms |" in text
