@@ -238,12 +238,7 @@ class FailoverOpener:
             return _NoAnswer(f"upstream {type(exc).__name__}", error=exc)
         if response.status_code not in FAILOVER_STATUSES:
             return response
-        try:
-            content = await response.aread()
-        except httpx.HTTPError:
-            content = b""
-        finally:
-            await response.aclose()
+        content = await response.drain()
         return _NoAnswer(f"upstream status {response.status_code}", status=response.status_code, content=content)
 
     def _served_by_fallback(self, response: UpstreamResponse, t0: float, why: str) -> UpstreamResponse:

@@ -17,7 +17,6 @@ from collections.abc import Awaitable
 from dataclasses import dataclass
 from typing import Any
 
-import httpx
 import orjson
 from starlette.responses import Response
 
@@ -351,13 +350,7 @@ class Gateway:
 
     async def _refused(self, response: UpstreamResponse, outcome: Outcome, lease: Lease | None) -> errors.BatonError:
         """The client's error for an upstream answer other than 200 (the request ends failed)."""
-        try:
-            content = await response.aread()
-        except httpx.HTTPError:
-            content = b""
-        finally:
-            await response.aclose()
-        err = upstream_error(response.status_code, content)
+        err = upstream_error(response.status_code, await response.drain())
         self._end(outcome, lease, m.RequestStatus.FAILED, err.status, err.code)
         return err
 

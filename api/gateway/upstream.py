@@ -236,6 +236,16 @@ class UpstreamResponse:
         self.content = b"".join(parts)
         return self.content
 
+    async def drain(self) -> bytes:
+        """The rest of the answer (what arrived, if the connection breaks on the way), then closed: for an
+        answer read only to be reported (a refusal)."""
+        try:
+            return await self.aread()
+        except httpx.HTTPError:
+            return b""
+        finally:
+            await self.aclose()
+
     async def aclose(self) -> None:
         if self._done:
             return
