@@ -22,7 +22,7 @@ from typing import Any
 
 from baton.bench import client, report, stats
 from baton.bench.datasets import HFTokenizer, SampleRequest, random_dataset
-from baton.bench.procs import Proc, StartError, start_engine, start_stub
+from baton.bench.procs import Proc, StartError, start_engine, start_floor, start_stub
 
 ProgressFactory = Callable[[str, int], Callable[[stats.RequestResult], None]]
 Log = Callable[[str], None]
@@ -84,6 +84,8 @@ class Arm:
     rss_max_mb: float = 0.0
     latency: bool = True
     """Takes part in the latency rounds (else only in the throughput phase)."""
+    floor: bool = False
+    """The bare byte relay (:mod:`baton.bench.floor`): the throughput and per-token phases' reference."""
 
     def cpu_now(self) -> float:
         return self.proc.cpu_seconds() if self.proc else 0.0
@@ -145,6 +147,10 @@ def _start_arms(cfg: GatewayConfig, stack: contextlib.ExitStack, out: dict[str, 
         stack.callback(engine.stop)
     out["upstream_url"] = upstream
     result = [Arm("direct", client.Target(base_url=upstream, model=cfg.model, name="direct"))]
+    floor, floor_url = start_floor("relay-floor", upstream)
+    stack.callback(floor.stop)
+    result.append(Arm("relay-floor", client.Target(base_url=floor_url, model=cfg.model, name="relay-floor"), floor,
+                      latency=False, floor=True))
 
     if any(a.startswith("baton") for a in want):
         log("baton: migrating the bench database, provisioning a tenant and a key")
@@ -311,7 +317,7 @@ def _per_token(cfg: GatewayConfig, arms: list[Arm], n: int, progress: ProgressFa
     conc = cfg.throughput_concurrency if cfg.upstream == "zero" else min(cfg.throughput_concurrency, 8)
     out: dict[str, Any] = {"concurrency": conc, "lengths": [1, cfg.output_len]}
     for arm in arms:
-        if arm.proc is None or not arm.latency:
+        if arm.proc is None or not (arm.latency or arm.floor):
             continue
         count = n if arm.name != "litellm" else max(20, n // 10)
         cpu_ms: list[float] = []
@@ -363,7 +369,8 @@ def headline(res: dict[str, Any]) -> dict[str, Any]:
             h["throughput"]["workers_over_one"] = many["requests_per_s"] / tp["requests_per_s"]
             h["throughput"]["targets"]["workers_over_one"] = 0.9 * n
     pt = res.get("per_token") or {}
-    per = {name: pt[name]["cpu_ms_per_token"] for name in ("baton", "baton-notrace", "litellm") if name in pt}
+    per = {name: pt[name]["cpu_ms_per_token"] for name in ("baton", "baton-notrace", "litellm", "relay-floor")
+           if name in pt}
     if per:
         h["per_token"] = {"cpu_ms_per_token": per, "target": CPU_MS_PER_TOKEN}
     return h

@@ -233,6 +233,23 @@ def wait_engines(engines: Sequence[tuple[Proc, str]], *, timeout_s: float = 300.
         raise
 
 
+def start_floor(name: str, upstream_v1: str) -> tuple[Proc, str]:
+    """The byte relay of :mod:`baton.bench.floor` in front of ``upstream_v1`` (``http://host:port/v1``);
+    returns it and its ``/v1`` base URL."""
+    from urllib.parse import urlsplit
+
+    up = urlsplit(upstream_v1)
+    port = free_port()
+    proc = Proc(name, [python(), "-m", "baton.bench.floor", "--port", str(port), "--upstream",
+                       f"{up.hostname}:{up.port}"]).start()
+    try:
+        proc.wait_http(f"http://127.0.0.1:{port}/health", timeout_s=30)  # the upstream's, through the relay
+    except BaseException:
+        proc.stop()
+        raise
+    return proc, f"http://127.0.0.1:{port}/v1"
+
+
 def start_stub(name: str = "stub", *, port: int | None = None, cpus: Sequence[int] | None = None,
                token_gap_ms: float = 1.0, batched: bool = False) -> tuple[Proc, str]:
     """The zero-latency upstream (:mod:`baton.bench.stub`) as its own process; each streamed token is its

@@ -41,6 +41,9 @@ def test_gateway_bench_runs_every_arm_and_reports_added_latency(pg_url: str, tmp
         assert set(per_request) == {"1", "5"} and pt[name]["requests"] == 20
         assert pt[name]["cpu_ms_per_token"] == (per_request["5"] - per_request["1"]) / 4
     assert res["headline"]["per_token"]["target"] == 0.02
+    # the bare byte relay: the reference of both phases, never in the latency rounds
+    assert res["throughput"]["relay-floor"]["completed"] == 30 and "relay-floor" not in rnd["arms"]
+    assert pt["relay-floor"]["requests"] == 20 and "relay-floor" in res["headline"]["per_token"]["cpu_ms_per_token"]
     # the same gateway with 2 worker processes, in the throughput phase only: both serve, both are counted
     two = res["throughput"]["baton-2w"]
     assert two["completed"] == 30 and two["requests_per_cpu_s"] > 0 and "baton-2w" not in rnd["arms"]
