@@ -19,8 +19,7 @@ the app's exception handlers.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Awaitable, Callable
 
 import orjson
 from pydantic import BaseModel, ValidationError
@@ -30,12 +29,13 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from baton.api.errors import baton_error_response, http_error_response
 from baton.api.gateway.schemas import ChatCompletionRequest, CompletionRequest
+from baton.api.gateway.service import Call, Gateway
 from baton.core import errors
 
-#: path -> (the body's schema, the name of the Gateway method that prepares the call)
-ROUTES: dict[str, tuple[type[BaseModel], str]] = {
-    "/v1/chat/completions": (ChatCompletionRequest, "prepare_chat"),
-    "/v1/completions": (CompletionRequest, "prepare_completion"),
+#: path -> (the body's schema, the Gateway method that prepares the call)
+ROUTES: dict[str, tuple[type[BaseModel], Callable[..., Awaitable[Call]]]] = {
+    "/v1/chat/completions": (ChatCompletionRequest, Gateway.prepare_chat),
+    "/v1/completions": (CompletionRequest, Gateway.prepare_completion),
 }
 
 
@@ -67,11 +67,12 @@ class FastPath:
         if not handled:
             await self.app(scope, _replay(body, receive), send)
 
-    async def _serve(self, scope: Scope, receive: Receive, send: Send, route: tuple[type[BaseModel], str],
+    async def _serve(self, scope: Scope, receive: Receive, send: Send,
+                     route: tuple[type[BaseModel], Callable[..., Awaitable[Call]]],
                      body: bytes, *, authorization: str, traceparent: bytes | None) -> bool:
         """Serves the request; False (nothing sent) when it is not the plain case."""
         gateway = scope["app"].state.gateway
-        schema, prepare_name = route
+        schema, prepare = route
         start = time.time_ns()
         try:
             principal = await gateway.principals.authenticate(authorization)
@@ -85,9 +86,9 @@ class FastPath:
             model = None
         if model is None:
             return False
-        prepare: Callable[..., Any] = getattr(gateway, prepare_name)
         try:
-            call = await prepare(principal, model.model_dump(mode="json", exclude_unset=True, exclude_none=False))
+            call = await prepare(gateway, principal,
+                                 model.model_dump(mode="json", exclude_unset=True, exclude_none=False))
             response = await gateway.forward(principal, call, auth_ns=auth_ns,
                                              traceparent=traceparent.decode("latin-1") if traceparent else None)
         except errors.BatonError as exc:

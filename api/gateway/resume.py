@@ -549,15 +549,15 @@ class ResumingRelay(SSERelay):
         the full parse (:meth:`_event`)."""
         if st.resumed or st.held or not st.ids_ok or st.prompt_ids is None or not ev.startswith(b"data: {"):
             return None
-        if (b'"finish_reason":null' not in ev or b'"usage"' in ev or b'"error"' in ev
-                or b"prompt_token_ids" in ev or b'"index":1' in ev):
-            return None  # quotes inside a JSON string are escaped: these match structure only
+        if b'"finish_reason":null' not in ev or b'"usage"' in ev or b'"error"' in ev or b"prompt_token_ids" in ev:
+            return None  # quotes inside a JSON string are escaped: these match structure only (n is 1 here)
         start = ev.find(_IDS)
         end = ev.find(b"]", start)
         if start < 0 or end < 0 or ev.find(_IDS, end) >= 0:
             return None
-        text = ev.find(_CHAT_TEXT if self._chat else _TEXT)
-        if text < 0 or ev[text + (11 if self._chat else 8)] == 34:  # no text, or "" (a held-back token's)
+        marker = _CHAT_TEXT if self._chat else _TEXT
+        text = ev.find(marker)
+        if text < 0 or ev[text + len(marker)] == 34:  # no text, or "" (a held-back token's)
             return None
         try:
             ids = [int(x) for x in ev[start + len(_IDS):end].split(b",")]
