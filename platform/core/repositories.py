@@ -754,6 +754,11 @@ class AuditRepository(Repository[m.AuditLog]):
                 sa, sp = m.SloAssignment, m.SloPolicy
                 parts.append(select(literal(table).label("t"), sa.id.label("id"), sp.name.label("name"))
                              .join(sp, sp.id == sa.policy_id).where(sa.id.in_(ids)))
+            elif table == "access_request":  # named by the model asked for
+                ar, mo = m.AccessRequest, m.Model
+                parts.append(select(literal(table).label("t"), ar.id.label("id"),
+                                    func.coalesce(mo.name, literal(ANY_MODEL)).label("name"))
+                             .outerjoin(mo, mo.id == ar.model_id).where(ar.id.in_(ids)))
             else:
                 model, column = _AUDIT_NAME_COLUMNS[table]
                 parts.append(select(literal(table).label("t"), model.id.label("id"), column.label("name"))
@@ -781,8 +786,10 @@ class AuditRepository(Repository[m.AuditLog]):
 _AUDIT_NAMED: dict[str, str] = {
     "tenant": "tenant", "user": "user", "api_key": "api_key", "model": "model", "tenant_model": "model",
     "deployment": "deployment", "slo_policy": "slo_policy", "slo_assignment": "slo_assignment",
-    "admin_token": "admin_token",
+    "admin_token": "admin_token", "access_request": "access_request",
 }
+#: How an access request for no particular model is named.
+ANY_MODEL = "any model"
 _AUDIT_NAME_COLUMNS: dict[str, tuple[Any, Any]] = {
     "tenant": (m.Tenant, m.Tenant.name), "user": (m.User, m.User.email), "api_key": (m.ApiKey, m.ApiKey.name),
     "model": (m.Model, m.Model.name), "deployment": (m.Deployment, m.Deployment.name),

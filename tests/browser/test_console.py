@@ -265,8 +265,9 @@ def test_operator_creates_a_deployment_and_sees_it_running(page, stack: Stack) -
 
     page.get_by_role("link", name="Audit log").click()
     expect(page.get_by_role("rowheader", name="deployment.create").first).to_be_visible()
-    expect(page.get_by_role("row", name=re.compile("deployment.create")).first).to_contain_text(
-        f"console:{stack.operator_email}")
+    created = page.get_by_role("row", name=re.compile("deployment.create")).first
+    expect(created).to_contain_text(f"console:{stack.operator_email}")
+    expect(created).to_contain_text(f"deployment {name}")  # the target by its name, not an id
     shot(page, "12-operator-audit")
 
     # Operators are not tenants: tenant pages say so.

@@ -971,7 +971,9 @@ interface AuditRow {
   action: string;
   target_type: string;
   target_id: string | null;
+  target_name: string | null;
   tenant_id: string | null;
+  tenant_name: string | null;
   before: unknown;
   after: unknown;
 }
@@ -993,9 +995,9 @@ export function Audit() {
           <label htmlFor="audit-type">Show</label>{" "}
           <select id="audit-type" value={type} onChange={(e) => { setType(e.target.value); setOffset(0); }}>
             <option value="">everything</option>
-            {["tenant", "user", "api_key", "model", "tenant_model", "deployment", "slo_policy", "slo_assignment", "serve_config"].map((t) => (
+            {["tenant", "user", "api_key", "access_request", "model", "tenant_model", "deployment", "slo_policy", "slo_assignment", "admin_token", "serve_config"].map((t) => (
               <option key={t} value={t}>
-                {t}
+                {t.replace(/_/g, " ")}
               </option>
             ))}
           </select>
@@ -1017,7 +1019,10 @@ export function Audit() {
                   <td>{a.actor}</td>
                   <th scope="row">{a.action}</th>
                   <td>
-                    {a.target_type} <code className="small">{a.target_id?.slice(0, 8)}</code>
+                    <span className="muted">{a.target_type.replace(/_/g, " ")}</span>{" "}
+                    {a.target_name ? <strong title={a.target_id ?? undefined}>{a.target_name}</strong>
+                      : <code className="small" title={a.target_id ?? undefined}>{a.target_id?.slice(0, 8)}</code>}
+                    {a.tenant_name && a.target_type !== "tenant" && <span className="muted"> · tenant {a.tenant_name}</span>}
                   </td>
                   <td>
                     {(a.before !== null || a.after !== null) && (

@@ -176,6 +176,15 @@ def test_audit_rows_name_their_target_and_tenant_in_one_query(operator: Session,
     assert named[("slo_assignment.create", a.json()["id"])] == (pol["name"], f"{t.email.split('@')[1].split('.')[0]}")
     assert named[("model.delete", gone["id"])] == (gone["name"], None)  # gone: named from the entry itself
 
+    # a tenant's requests for access: named by the model asked for, or "any model"
+    for model_id in (model["id"], None):
+        r = t.post("/console/api/tenant/access-requests", json={"model_id": model_id})
+        assert r.status_code in (201, 409), r.text  # a sign-up without a default grant already asked for any
+    asked = _call(operator, "GET", "/audit", params={"action": "access_request.create",
+                                                    "tenant_id": str(t.tenant_id)}).json()["data"]
+    assert sorted(x["target_name"] for x in asked) == sorted(["any model", model["name"]])
+    assert {x["tenant_name"] for x in asked} == {t.email.split("@")[1].split(".")[0]}
+
     # the names of a whole page take one statement, however many rows and kinds it holds
     statements: list[str] = []
 
