@@ -37,7 +37,7 @@ import random
 import statistics
 from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 from baton.core import contracts
 
@@ -608,27 +608,35 @@ def calibrate(records: Sequence[dict[str, Any]], base: Hardware) -> Calibration 
 
 # --- the plot ---------------------------------------------------------------------------------------
 
-def render_plot(result: Plan, fmt: str = "png") -> bytes:
+PlotLayout = Literal["wide", "narrow"]
+
+
+def render_plot(result: Plan, fmt: str = "png", layout: PlotLayout = "wide") -> bytes:
     """:func:`plot_figure`, as PNG or SVG."""
     import io
 
     buf = io.BytesIO()
-    plot_figure(result).savefig(buf, format=fmt)
+    plot_figure(result, layout).savefig(buf, format=fmt)
     return buf.getvalue()
 
 
-def plot_figure(result: Plan) -> Any:
+def plot_figure(result: Plan, layout: PlotLayout = "wide") -> Any:
     """A matplotlib ``Figure``: goodput per GPU by configuration, each bar labelled (recommended one
     highlighted; when nothing meets the SLO, each configuration's share of requests within it at no load,
     the closest highlighted), and TTFT/TPOT against load for aggregated and the recommended (or best)
-    split, with the SLO lines."""
+    split, with the SLO lines. ``wide``: the two side by side; ``narrow`` (a phone): one above the other, at
+    a size whose labels stay readable at a phone's width."""
     import matplotlib
 
     matplotlib.use("Agg")
     from matplotlib.figure import Figure
 
-    fig = Figure(figsize=(11, 4.2), dpi=110)
-    ax1, ax2 = fig.subplots(1, 2)
+    if layout == "narrow":
+        fig = Figure(figsize=(4.0, 7.6), dpi=110)
+        ax1, ax2 = fig.subplots(2, 1)
+    else:
+        fig = Figure(figsize=(11, 4.2), dpi=110)
+        ax1, ax2 = fig.subplots(1, 2)
     names = [c.name for c in result.configs]
     if result.feasible:
         vals = [c.goodput_per_gpu for c in result.configs]

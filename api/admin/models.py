@@ -80,6 +80,8 @@ def delete_model(*, model_id: uuid.UUID, ctx: Ctx, who: Admin, request: Request)
 def plan_model(*,
     model_id: uuid.UUID, ctx: Ctx, who: Admin, body: PlanRequest | None = None,
     format: Annotated[Literal["json", "png", "svg"], Query(description="json (plot inline) or the plot")] = "json",
+    layout: Annotated[Literal["wide", "narrow"], Query(
+        description="The plot's charts side by side (wide) or one above the other (narrow, for a phone)")] = "wide",
 ) -> Response:
     """Should this model be disaggregated, and at which P:D ratio? The seed's cost model, with numbers
     (KV bytes per request, transfer lower bound, goodput per GPU of each configuration) and a plot."""
@@ -87,10 +89,11 @@ def plan_model(*,
 
     outcome = ctx.control.planning.plan(model_id, body or PlanRequest())
     if format == "png":
-        return Response(render_plot(outcome.result, "png"), media_type="image/png")
+        return Response(render_plot(outcome.result, "png", layout), media_type="image/png")
     if format == "svg":
-        return Response(render_plot(outcome.result, "svg"), media_type="image/svg+xml")
+        return Response(render_plot(outcome.result, "svg", layout), media_type="image/svg+xml")
     import orjson
 
-    out = {**outcome.as_dict(), "plot_png_base64": base64.b64encode(render_plot(outcome.result, "png")).decode()}
+    png = render_plot(outcome.result, "png", layout)
+    out = {**outcome.as_dict(), "plot_png_base64": base64.b64encode(png).decode()}
     return Response(orjson.dumps(out), media_type="application/json")

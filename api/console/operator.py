@@ -141,6 +141,8 @@ def plan_model(model_id: uuid.UUID, ctx: Ctx, user: OperatorUser, body: PlanRequ
     outcome = ctx.control.planning.plan(model_id, body or PlanRequest())
     out: dict[str, Any] = outcome.as_dict()
     out["plot_png_base64"] = base64.b64encode(render_plot(outcome.result, "png")).decode()
+    # a phone gets the two charts one above the other (the page picks by its width)
+    out["plot_narrow_png_base64"] = base64.b64encode(render_plot(outcome.result, "png", "narrow")).decode()
     return out
 
 

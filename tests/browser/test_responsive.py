@@ -70,4 +70,14 @@ def test_the_operators_pages_fit_the_screen(sized, stack: Stack) -> None:  # typ
     for path in OPERATOR_PAGES:
         _check(page, path, width)
         shot(page, f"responsive-{name}-{path.rsplit('/', 1)[-1]}")
+    # the planner's plot: its two charts side by side on a laptop, one above the other on a phone
+    page.goto("/console/ops/planner")
+    page.get_by_label("Model").select_option(label=stack.model)
+    page.get_by_role("button", name="Plan").click()
+    img = page.get_by_role("img", name=re.compile("Planner plot"))
+    expect(img).to_be_visible(timeout=30000)
+    w, h = img.evaluate("i => [i.naturalWidth, i.naturalHeight]")
+    assert (h > w) if name == "phone" else (w > h), (name, w, h)
+    assert page.evaluate("document.documentElement.scrollWidth") <= width
+    shot(page, f"responsive-{name}-planner-plot")
     assert errors == []

@@ -823,6 +823,7 @@ interface PlanResult {
   recommended: string | null;
   reason: string;
   plot_png_base64: string;
+  plot_narrow_png_base64?: string;
   feasible?: boolean;
   closest?: PlanConfig | null;
   to_meet?: { text: string; changes: Record<string, number>; then: { recommended?: string } }[];
@@ -936,7 +937,10 @@ export function Planner() {
             <Stat label="Transfer lower bound" value={fmtMs(plan.transfer_lower_bound_ms)} hint={`expected ${fmtMs(plan.transfer_expected_ms)}`} />
           </div>
           <div className="card">
-            <img className="plot" src={`data:image/png;base64,${plan.plot_png_base64}`} alt={planFeasible(plan) ? `Planner plot: goodput per GPU by configuration; ${plan.recommended} recommended.` : `Planner plot: share of requests within the SLO by configuration; nothing meets it, ${plan.closest?.name ?? "none"} comes closest.`} />
+            <picture>
+              {plan.plot_narrow_png_base64 && <source media="(max-width: 700px)" srcSet={`data:image/png;base64,${plan.plot_narrow_png_base64}`} />}
+              <img className="plot" src={`data:image/png;base64,${plan.plot_png_base64}`} alt={planFeasible(plan) ? `Planner plot: goodput per GPU by configuration; ${plan.recommended} recommended.` : `Planner plot: share of requests within the SLO by configuration; nothing meets it, ${plan.closest?.name ?? "none"} comes closest.`} />
+            </picture>
           </div>
           <div className="card">
             <table className="table">

@@ -96,6 +96,15 @@ def test_plot_renders_png_and_svg() -> None:
     assert b"<svg" in pl.render_plot(p, "svg")
 
 
+def test_the_narrow_plot_stacks_its_charts() -> None:
+    p = _plan()
+    wide, narrow = pl.plot_figure(p), pl.plot_figure(p, "narrow")
+    (w1, w2), (n1, n2) = [(f.axes[0].get_position(), f.axes[1].get_position()) for f in (wide, narrow)]
+    assert w1.x1 <= w2.x0 and abs(w1.y0 - w2.y0) < 0.05  # side by side
+    assert n2.y1 <= n1.y0 and abs(n1.x0 - n2.x0) < 0.05  # one above the other
+    assert narrow.get_figheight() > narrow.get_figwidth() and wide.get_figwidth() > wide.get_figheight()
+
+
 # --- when nothing meets the SLO -------------------------------------------------------------------
 
 HW = pl.Hardware(prefill_tokens_per_s=10_000, decode_step_ms=15, decode_ms_per_seq=0.2, memory_bytes=80e9,
