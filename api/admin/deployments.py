@@ -13,20 +13,13 @@ from typing import Annotated, Any
 
 from fastapi import APIRouter, Query, Request, Response, status
 
-from baton.control.catalogue import (
-    DeploymentChanges,
-    DeploymentStatusView,
-    DeploymentView,
-    NewDeployment,
-    Replicas,
-)
 from baton.control.services import Actor
-from baton.control.views import UNSET
 from baton.core import models as m
 
+from . import convert
 from .deps import Admin, AdminPrincipal, Ctx, Paging, check_if_match, set_etag
 from .problems import ProblemRoute
-from .schemas import DeploymentCreate, DeploymentPublic, DeploymentStatus, DeploymentUpdate, Page, ReplicaRange
+from .schemas import DeploymentCreate, DeploymentPublic, DeploymentStatus, DeploymentUpdate, Page
 
 router = APIRouter(prefix="/deployments", tags=["deployments"], route_class=ProblemRoute)
 
@@ -35,48 +28,19 @@ def _actor(who: AdminPrincipal) -> Actor:
     return Actor(name=who.actor, request_id=who.request_id)
 
 
-def _replicas(r: ReplicaRange) -> Replicas:
-    return Replicas(min=r.min, max=r.max)
 
 
-def new_deployment(body: DeploymentCreate) -> NewDeployment:
-    return NewDeployment(
-        name=body.name, model_id=body.model_id, mode=body.mode, prefill=_replicas(body.prefill),
-        decode=_replicas(body.decode), engine=body.engine, kv_connector=body.kv_connector, lmcache=body.lmcache,
-        device_profile=body.device_profile, slo_policy_id=body.slo_policy_id, desired_state=body.desired_state,
-    )
 
 
-def deployment_changes(body: DeploymentUpdate) -> DeploymentChanges:
-    """The fields the body names (``null`` clears engine, kv_connector, lmcache and slo_policy_id)."""
-    sent = body.model_fields_set
-    values: dict[str, Any] = {}
-    for name in sent:
-        value = getattr(body, name)
-        values[name] = _replicas(value) if isinstance(value, ReplicaRange) else value
-    return DeploymentChanges(**{name: values.get(name, UNSET) for name in DeploymentUpdate.model_fields})
 
 
-def public(v: DeploymentView) -> DeploymentPublic:
-    return DeploymentPublic(
-        id=v.id, name=v.name, model_id=v.model_id, mode=v.mode,
-        prefill=ReplicaRange(min=v.prefill.min, max=v.prefill.max),
-        decode=ReplicaRange(min=v.decode.min, max=v.decode.max),
-        engine=v.engine, kv_connector=v.kv_connector, lmcache=v.lmcache, device_profile=v.device_profile,
-        slo_policy_id=v.slo_policy_id, desired_state=v.desired_state, observed_state=v.observed_state,
-        observed_reason=v.observed_reason, observed_at=v.observed_at, generation=v.generation,
-        observed_generation=v.observed_generation, version=v.version, created_at=v.created_at,
-        updated_at=v.updated_at,
-    )
 
 
-def status_public(v: DeploymentStatusView) -> DeploymentStatus:
-    return DeploymentStatus.model_validate(v)
 
 
 @router.post("", status_code=status.HTTP_201_CREATED, response_model=DeploymentPublic)
 def create_deployment(*, body: DeploymentCreate, ctx: Ctx, who: Admin, response: Response) -> DeploymentPublic:
-    out = public(ctx.control.catalogue.create_deployment(_actor(who), new_deployment(body)))
+    out = convert.deployment_public(ctx.control.catalogue.create_deployment(_actor(who), convert.new_deployment(body)))
     set_etag(response, out.version)
     return out
 
@@ -91,12 +55,13 @@ def list_deployments(*,
     page = ctx.control.catalogue.list_deployments(model_id=model_id, desired_state=desired_state,
                                                   observed_state=observed_state, limit=paging.limit,
                                                   offset=paging.offset)
-    return Page(data=[public(v) for v in page.items], count=page.total, limit=page.limit, offset=page.offset)
+    return Page(data=[convert.deployment_public(v) for v in page.items], count=page.total, limit=page.limit,
+                offset=page.offset)
 
 
 @router.get("/{deployment_id}", response_model=DeploymentPublic)
 def get_deployment(*, deployment_id: uuid.UUID, ctx: Ctx, who: Admin, response: Response) -> DeploymentPublic:
-    out = public(ctx.control.catalogue.get_deployment(deployment_id))
+    out = convert.deployment_public(ctx.control.catalogue.get_deployment(deployment_id))
     set_etag(response, out.version)
     return out
 
@@ -104,7 +69,7 @@ def get_deployment(*, deployment_id: uuid.UUID, ctx: Ctx, who: Admin, response: 
 @router.get("/{deployment_id}/status", response_model=DeploymentStatus)
 def deployment_status(*, deployment_id: uuid.UUID, ctx: Ctx, who: Admin) -> DeploymentStatus:
     """What the reconciler last saw in Ray Serve for this deployment."""
-    return status_public(ctx.control.catalogue.deployment_status(deployment_id))
+    return convert.deployment_status_public(ctx.control.catalogue.deployment_status(deployment_id))
 
 
 @router.get("/{deployment_id}/serve-config")
@@ -118,9 +83,9 @@ def deployment_serve_config(*, deployment_id: uuid.UUID, ctx: Ctx, who: Admin) -
 def update_deployment(*, deployment_id: uuid.UUID, body: DeploymentUpdate, ctx: Ctx, who: Admin, request: Request,
                       response: Response) -> DeploymentPublic:
     """Change the mode, pools, engine settings, KV connector, tiers, SLO policy or desired state."""
-    view = ctx.control.catalogue.update_deployment(_actor(who), deployment_id, deployment_changes(body),
+    view = ctx.control.catalogue.update_deployment(_actor(who), deployment_id, convert.deployment_changes(body),
                                                    expect=lambda v: check_if_match(request, v))
-    out = public(view)
+    out = convert.deployment_public(view)
     set_etag(response, out.version)
     return out
 
@@ -131,7 +96,7 @@ def delete_deployment(*, deployment_id: uuid.UUID, ctx: Ctx, who: Admin, request
     """Marks the deployment deleted; it disappears once Ray Serve no longer runs it (202)."""
     view = ctx.control.catalogue.delete_deployment(_actor(who), deployment_id,
                                                    expect=lambda v: check_if_match(request, v))
-    out = public(view)
+    out = convert.deployment_public(view)
     set_etag(response, out.version)
     return out
 

@@ -8,10 +8,10 @@ from typing import Annotated, Literal
 
 from fastapi import APIRouter, Query, Request, Response, status
 
-from baton.control.catalogue import ModelChanges, ModelView, NewModel
 from baton.control.planning import PlanRequest
 from baton.control.services import Actor
 
+from . import convert
 from .deps import Admin, AdminPrincipal, Ctx, Paging, check_if_match, set_etag
 from .problems import ProblemRoute
 from .schemas import ModelCreate, ModelPublic, ModelUpdate, Page
@@ -23,21 +23,15 @@ def _actor(who: AdminPrincipal) -> Actor:
     return Actor(name=who.actor, request_id=who.request_id)
 
 
-def public(v: ModelView) -> ModelPublic:
-    return ModelPublic.model_validate(v)
 
 
-def new_model(body: ModelCreate) -> NewModel:
-    return NewModel(**body.model_dump())
 
 
-def model_changes(body: ModelUpdate) -> ModelChanges:
-    return ModelChanges(**body.model_dump(exclude_unset=True, exclude_none=True))
 
 
 @router.post("", status_code=status.HTTP_201_CREATED, response_model=ModelPublic)
 def create_model(*, body: ModelCreate, ctx: Ctx, who: Admin, response: Response) -> ModelPublic:
-    out = public(ctx.control.catalogue.create_model(_actor(who), new_model(body)))
+    out = convert.model_public(ctx.control.catalogue.create_model(_actor(who), convert.new_model(body)))
     set_etag(response, out.version)
     return out
 
@@ -46,12 +40,13 @@ def create_model(*, body: ModelCreate, ctx: Ctx, who: Admin, response: Response)
 def list_models(*, ctx: Ctx, who: Admin, paging: Paging,
                 name: Annotated[str | None, Query(max_length=200)] = None) -> Page[ModelPublic]:
     page = ctx.control.catalogue.list_models(name_contains=name, limit=paging.limit, offset=paging.offset)
-    return Page(data=[public(v) for v in page.items], count=page.total, limit=page.limit, offset=page.offset)
+    return Page(data=[convert.model_public(v) for v in page.items], count=page.total, limit=page.limit,
+                offset=page.offset)
 
 
 @router.get("/{model_id}", response_model=ModelPublic)
 def get_model(*, model_id: uuid.UUID, ctx: Ctx, who: Admin, response: Response) -> ModelPublic:
-    out = public(ctx.control.catalogue.get_model(model_id))
+    out = convert.model_public(ctx.control.catalogue.get_model(model_id))
     set_etag(response, out.version)
     return out
 
@@ -60,9 +55,9 @@ def get_model(*, model_id: uuid.UUID, ctx: Ctx, who: Admin, response: Response) 
 def update_model(*, model_id: uuid.UUID, body: ModelUpdate, ctx: Ctx, who: Admin, request: Request,
                  response: Response) -> ModelPublic:
     """Changing the source or shape re-renders the model's deployments (a reconcile follows)."""
-    view = ctx.control.catalogue.update_model(_actor(who), model_id, model_changes(body),
+    view = ctx.control.catalogue.update_model(_actor(who), model_id, convert.model_changes(body),
                                               expect=lambda v: check_if_match(request, v))
-    out = public(view)
+    out = convert.model_public(view)
     set_etag(response, out.version)
     return out
 

@@ -8,9 +8,10 @@ from typing import Annotated
 
 from fastapi import APIRouter, Query, Request, Response, status
 
-from baton.control.policies import AssignmentView, NewAssignment, NewPolicy, PolicyChanges, PolicyView
+from baton.control.policies import PolicyChanges
 from baton.control.services import Actor
 
+from . import convert
 from .deps import Admin, AdminPrincipal, Ctx, Paging, check_if_match, set_etag
 from .problems import ProblemRoute
 from .schemas import Page, SloAssignmentCreate, SloAssignmentPublic, SloPolicyCreate, SloPolicyPublic, SloPolicyUpdate
@@ -22,25 +23,17 @@ def _actor(who: AdminPrincipal) -> Actor:
     return Actor(name=who.actor, request_id=who.request_id)
 
 
-def policy_public(v: PolicyView) -> SloPolicyPublic:
-    return SloPolicyPublic.model_validate(v)
 
 
-def assignment_public(v: AssignmentView) -> SloAssignmentPublic:
-    return SloAssignmentPublic.model_validate(v)
 
 
-def new_policy(body: SloPolicyCreate) -> NewPolicy:
-    return NewPolicy(**body.model_dump())
 
 
-def new_assignment(body: SloAssignmentCreate) -> NewAssignment:
-    return NewAssignment(policy_id=body.policy_id, tenant_id=body.tenant_id, model_id=body.model_id)
 
 
 @router.post("/slo-policies", status_code=status.HTTP_201_CREATED, response_model=SloPolicyPublic)
 def create_policy(*, body: SloPolicyCreate, ctx: Ctx, who: Admin, response: Response) -> SloPolicyPublic:
-    out = policy_public(ctx.control.slo.create_policy(_actor(who), new_policy(body)))
+    out = convert.policy_public(ctx.control.slo.create_policy(_actor(who), convert.new_policy(body)))
     set_etag(response, out.version)
     return out
 
@@ -48,13 +41,13 @@ def create_policy(*, body: SloPolicyCreate, ctx: Ctx, who: Admin, response: Resp
 @router.get("/slo-policies", response_model=Page[SloPolicyPublic])
 def list_policies(*, ctx: Ctx, who: Admin, paging: Paging) -> Page[SloPolicyPublic]:
     page = ctx.control.slo.list_policies(limit=paging.limit, offset=paging.offset)
-    return Page(data=[policy_public(v) for v in page.items], count=page.total, limit=page.limit,
+    return Page(data=[convert.policy_public(v) for v in page.items], count=page.total, limit=page.limit,
                 offset=page.offset)
 
 
 @router.get("/slo-policies/{policy_id}", response_model=SloPolicyPublic)
 def get_policy(*, policy_id: uuid.UUID, ctx: Ctx, who: Admin, response: Response) -> SloPolicyPublic:
-    out = policy_public(ctx.control.slo.get_policy(policy_id))
+    out = convert.policy_public(ctx.control.slo.get_policy(policy_id))
     set_etag(response, out.version)
     return out
 
@@ -66,7 +59,7 @@ def update_policy(*, policy_id: uuid.UUID, body: SloPolicyUpdate, ctx: Ctx, who:
     changes = PolicyChanges(**body.model_dump(exclude_unset=True, exclude_none=True))
     view = ctx.control.slo.update_policy(_actor(who), policy_id, changes,
                                          expect=lambda v: check_if_match(request, v))
-    out = policy_public(view)
+    out = convert.policy_public(view)
     set_etag(response, out.version)
     return out
 
@@ -79,7 +72,7 @@ def delete_policy(*, policy_id: uuid.UUID, ctx: Ctx, who: Admin, request: Reques
 
 @router.post("/slo-assignments", status_code=status.HTTP_201_CREATED, response_model=SloAssignmentPublic)
 def create_assignment(*, body: SloAssignmentCreate, ctx: Ctx, who: Admin) -> SloAssignmentPublic:
-    return assignment_public(ctx.control.slo.create_assignment(_actor(who), new_assignment(body)))
+    return convert.assignment_public(ctx.control.slo.create_assignment(_actor(who), convert.new_assignment(body)))
 
 
 @router.get("/slo-assignments", response_model=list[SloAssignmentPublic])
@@ -87,7 +80,8 @@ def list_assignments(
     *, ctx: Ctx, who: Admin, tenant_id: Annotated[uuid.UUID | None, Query()] = None,
     model_id: Annotated[uuid.UUID | None, Query()] = None,
 ) -> list[SloAssignmentPublic]:
-    return [assignment_public(v) for v in ctx.control.slo.list_assignments(tenant_id=tenant_id, model_id=model_id)]
+    views = ctx.control.slo.list_assignments(tenant_id=tenant_id, model_id=model_id)
+    return [convert.assignment_public(v) for v in views]
 
 
 @router.delete("/slo-assignments/{assignment_id}", status_code=status.HTTP_204_NO_CONTENT)

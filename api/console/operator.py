@@ -16,9 +16,7 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Query, Request, Response
 from pydantic import BaseModel
 
-from baton.api.admin import deployments as admin_deployments
-from baton.api.admin import models as admin_models
-from baton.api.admin import slo as admin_slo
+from baton.api.admin import convert
 from baton.api.admin.deps import PageParams, Paging, check_if_match, set_etag
 from baton.api.admin.schemas import (
     DeploymentCreate,
@@ -74,7 +72,7 @@ class OperatorDeployment(DeploymentPublic):
 
 
 def _deployment(v: DeploymentView) -> OperatorDeployment:
-    return OperatorDeployment(**admin_deployments.public(v).model_dump(), model=v.model)
+    return OperatorDeployment(**convert.deployment_public(v).model_dump(), model=v.model)
 
 
 # --- overview ---------------------------------------------------------------------------------------
@@ -97,20 +95,20 @@ def overview(ctx: Ctx, user: OperatorUser) -> dict[str, Any]:
 @router.get("/models", response_model=list[ModelPublic])
 def list_models(ctx: Ctx, user: OperatorUser) -> list[ModelPublic]:
     page = ctx.control.catalogue.list_models(limit=ALL.limit, offset=ALL.offset)
-    return [admin_models.public(v) for v in page.items]
+    return [convert.model_public(v) for v in page.items]
 
 
 @router.post("/models", status_code=201, response_model=ModelPublic)
 def create_model(body: ModelCreate, ctx: Ctx, request: Request, user: OperatorUser,
                  response: Response) -> ModelPublic:
-    out = admin_models.public(ctx.control.catalogue.create_model(_actor(request, user), admin_models.new_model(body)))
+    out = convert.model_public(ctx.control.catalogue.create_model(_actor(request, user), convert.new_model(body)))
     set_etag(response, out.version)
     return out
 
 
 @router.get("/models/{model_id}", response_model=ModelPublic)
 def get_model(model_id: uuid.UUID, ctx: Ctx, user: OperatorUser, response: Response) -> ModelPublic:
-    out = admin_models.public(ctx.control.catalogue.get_model(model_id))
+    out = convert.model_public(ctx.control.catalogue.get_model(model_id))
     set_etag(response, out.version)
     return out
 
@@ -119,9 +117,9 @@ def get_model(model_id: uuid.UUID, ctx: Ctx, user: OperatorUser, response: Respo
 def update_model(*, model_id: uuid.UUID, body: ModelUpdate, ctx: Ctx, request: Request, user: OperatorUser,
                  response: Response) -> ModelPublic:
     """Changing the source or shape re-renders the model's deployments (a reconcile follows)."""
-    view = ctx.control.catalogue.update_model(_actor(request, user), model_id, admin_models.model_changes(body),
+    view = ctx.control.catalogue.update_model(_actor(request, user), model_id, convert.model_changes(body),
                                               expect=_if_match(request))
-    out = admin_models.public(view)
+    out = convert.model_public(view)
     set_etag(response, out.version)
     return out
 
@@ -158,8 +156,8 @@ def list_deployments(ctx: Ctx, user: OperatorUser) -> list[OperatorDeployment]:
 @router.post("/deployments", status_code=201, response_model=DeploymentPublic)
 def create_deployment(body: DeploymentCreate, ctx: Ctx, request: Request, user: OperatorUser,
                       response: Response) -> DeploymentPublic:
-    view = ctx.control.catalogue.create_deployment(_actor(request, user), admin_deployments.new_deployment(body))
-    out = admin_deployments.public(view)
+    view = ctx.control.catalogue.create_deployment(_actor(request, user), convert.new_deployment(body))
+    out = convert.deployment_public(view)
     set_etag(response, out.version)
     return out
 
@@ -182,7 +180,7 @@ def get_deployment(deployment_id: uuid.UUID, ctx: Ctx, user: OperatorUser,
 @router.get("/deployments/{deployment_id}/status", response_model=DeploymentStatus)
 def deployment_status(deployment_id: uuid.UUID, ctx: Ctx, user: OperatorUser) -> DeploymentStatus:
     """What the reconciler last saw in Ray Serve for this deployment."""
-    return admin_deployments.status_public(ctx.control.catalogue.deployment_status(deployment_id))
+    return convert.deployment_status_public(ctx.control.catalogue.deployment_status(deployment_id))
 
 
 @router.get("/deployments/{deployment_id}/serve-config")
@@ -196,8 +194,8 @@ def deployment_serve_config(deployment_id: uuid.UUID, ctx: Ctx, user: OperatorUs
 def update_deployment(*, deployment_id: uuid.UUID, body: DeploymentUpdate, ctx: Ctx, request: Request,
                       user: OperatorUser, response: Response) -> DeploymentPublic:
     view = ctx.control.catalogue.update_deployment(
-        _actor(request, user), deployment_id, admin_deployments.deployment_changes(body), expect=_if_match(request))
-    out = admin_deployments.public(view)
+        _actor(request, user), deployment_id, convert.deployment_changes(body), expect=_if_match(request))
+    out = convert.deployment_public(view)
     set_etag(response, out.version)
     return out
 
@@ -207,7 +205,7 @@ def delete_deployment(deployment_id: uuid.UUID, ctx: Ctx, request: Request, user
                       response: Response) -> DeploymentPublic:
     """Marks the deployment deleted; it disappears once Ray Serve no longer runs it."""
     view = ctx.control.catalogue.delete_deployment(_actor(request, user), deployment_id, expect=_if_match(request))
-    out = admin_deployments.public(view)
+    out = convert.deployment_public(view)
     set_etag(response, out.version)
     return out
 
@@ -219,22 +217,22 @@ def list_policies(ctx: Ctx, user: OperatorUser) -> dict[str, Any]:
     """Every policy, and every assignment of one."""
     page = ctx.control.slo.list_policies(limit=ALL.limit, offset=ALL.offset)
     return {
-        "policies": _dump([admin_slo.policy_public(v) for v in page.items]),
-        "assignments": _dump([admin_slo.assignment_public(v) for v in ctx.control.slo.list_assignments()]),
+        "policies": _dump([convert.policy_public(v) for v in page.items]),
+        "assignments": _dump([convert.assignment_public(v) for v in ctx.control.slo.list_assignments()]),
     }
 
 
 @router.post("/slo-policies", status_code=201, response_model=SloPolicyPublic)
 def create_policy(body: SloPolicyCreate, ctx: Ctx, request: Request, user: OperatorUser,
                   response: Response) -> SloPolicyPublic:
-    out = admin_slo.policy_public(ctx.control.slo.create_policy(_actor(request, user), admin_slo.new_policy(body)))
+    out = convert.policy_public(ctx.control.slo.create_policy(_actor(request, user), convert.new_policy(body)))
     set_etag(response, out.version)
     return out
 
 
 @router.get("/slo-policies/{policy_id}", response_model=SloPolicyPublic)
 def get_policy(policy_id: uuid.UUID, ctx: Ctx, user: OperatorUser, response: Response) -> SloPolicyPublic:
-    out = admin_slo.policy_public(ctx.control.slo.get_policy(policy_id))
+    out = convert.policy_public(ctx.control.slo.get_policy(policy_id))
     set_etag(response, out.version)
     return out
 
@@ -245,7 +243,7 @@ def update_policy(*, policy_id: uuid.UUID, body: SloPolicyUpdate, ctx: Ctx, requ
     """New targets re-render the autoscaling of the deployments that use the policy."""
     changes = PolicyChanges(**body.model_dump(exclude_unset=True, exclude_none=True))
     view = ctx.control.slo.update_policy(_actor(request, user), policy_id, changes, expect=_if_match(request))
-    out = admin_slo.policy_public(view)
+    out = convert.policy_public(view)
     set_etag(response, out.version)
     return out
 
@@ -259,8 +257,8 @@ def delete_policy(policy_id: uuid.UUID, ctx: Ctx, request: Request, user: Operat
 
 @router.post("/slo-assignments", status_code=201, response_model=SloAssignmentPublic)
 def create_assignment(body: SloAssignmentCreate, ctx: Ctx, request: Request, user: OperatorUser) -> SloAssignmentPublic:
-    return admin_slo.assignment_public(
-        ctx.control.slo.create_assignment(_actor(request, user), admin_slo.new_assignment(body)))
+    return convert.assignment_public(
+        ctx.control.slo.create_assignment(_actor(request, user), convert.new_assignment(body)))
 
 
 @router.delete("/slo-assignments/{assignment_id}", status_code=204)
