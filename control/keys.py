@@ -3,7 +3,7 @@
 The secret is returned once, by :meth:`KeyService.issue` and :meth:`KeyService.rotate`; the database
 keeps only its HMAC-SHA256 (with ``security.key_secret``) and its visible prefix. Every mutation is
 written to the audit log in the same transaction and, after the commit, announced on Redis
-(:data:`INVALIDATION_CHANNEL`) so that every gateway process drops its cached copy at once.
+(:data:`baton.core.contracts.INVALIDATION_CHANNEL`) so that every gateway process drops its cached copy at once.
 
 Other parts of the control plane that change what a gateway caches about a tenant (suspension, model
 grants, rate limits) announce it the same way with :func:`publish_invalidation` (kind ``"tenant"``).
@@ -19,29 +19,18 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal, Protocol
 
-import orjson
-
 from baton.core import errors
 from baton.core import models as m
+from baton.core.contracts import INVALIDATION_CHANNEL, InvalidationKind, invalidation_message
 from baton.core.db import Database
 from baton.core.secrets import hash_secret, looks_valid, new_secret, visible_prefix
 from baton.core.settings import Settings
 
 log = logging.getLogger(__name__)
 
-#: Redis pub/sub channel on which gateway caches are told to forget an entry.
-INVALIDATION_CHANNEL = "baton:gateway:invalidate"
-
-InvalidationKind = Literal["key", "tenant", "all"]
-
 KeyState = Literal["active", "expiring", "expired", "revoked"]
 
 KeyKind = Literal["standard", "playground"]
-
-
-def invalidation_message(kind: InvalidationKind, id_: uuid.UUID | None = None) -> bytes:
-    """The wire form of one invalidation: ``{"kind": ..., "id": ...}`` as JSON."""
-    return orjson.dumps({"kind": kind, "id": str(id_) if id_ else None})
 
 
 def publish_invalidation(redis_client: object, kind: InvalidationKind, id_: uuid.UUID | None = None) -> bool:

@@ -17,8 +17,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from baton.control.keys import InvalidationKind, KeyService, RedisKeyEvents, publish_invalidation
+from baton.control.keys import KeyService, RedisKeyEvents, publish_invalidation
 from baton.core import models as m
+from baton.core.contracts import InvalidationKind
 from baton.core.db import Database, UnitOfWork
 from baton.core.settings import Settings
 

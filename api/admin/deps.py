@@ -14,9 +14,10 @@ from typing import TYPE_CHECKING, Annotated, Any
 from fastapi import Depends, Query, Request, Response
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
-from baton.control.keys import InvalidationKind, KeyService
+from baton.control.keys import KeyService
 from baton.control.services import ControlPlane
 from baton.core import errors
+from baton.core.contracts import InvalidationKind
 from baton.core.db import Database
 from baton.core.secrets import ADMIN_PREFIX, KEY_PREFIX, hash_secret
 from baton.core.settings import Settings

@@ -5,7 +5,7 @@ a miss (or an entry older than ``ttl``) loads the key, its tenant, the tenant's 
 one read-only transaction (in a worker thread), with one load per key in flight at a time.
 
 Freshness: every mutation of keys or tenants is announced on Redis
-(:data:`baton.control.keys.INVALIDATION_CHANNEL`); :class:`InvalidationListener` drops the affected
+(:data:`baton.core.contracts.INVALIDATION_CHANNEL`); :class:`InvalidationListener` drops the affected
 entries in every process within milliseconds. Each invalidation also bumps a generation counter so a
 load that raced with it is not cached. If the subscription breaks, the whole cache is dropped once it
 is back (messages may have been missed). If Postgres is down, entries past their TTL keep serving
@@ -29,12 +29,10 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-import orjson
-
 from baton.api.gateway.ratelimit import Limits, LimitScope
-from baton.control.keys import INVALIDATION_CHANNEL
 from baton.core import errors
 from baton.core import models as m
+from baton.core.contracts import INVALIDATION_CHANNEL, parse_invalidation
 from baton.core.db import Database
 from baton.core.secrets import cache_salt, hash_secret, looks_valid
 
@@ -299,12 +297,14 @@ class PrincipalCache:
         self._by_tenant.clear()
 
     def apply(self, message: bytes | str) -> None:
-        """Applies one invalidation message (see :func:`baton.control.keys.invalidation_message`)."""
+        """Applies one invalidation message (:func:`baton.core.contracts.parse_invalidation`)."""
+        parsed = parse_invalidation(message)
+        kind, text = parsed or ("all", None)
         try:
-            data: Any = orjson.loads(message)
-            kind = data["kind"]
-            id_ = uuid.UUID(data["id"]) if data.get("id") else None
-        except (orjson.JSONDecodeError, KeyError, TypeError, ValueError):
+            id_ = uuid.UUID(text) if text else None
+        except ValueError:
+            parsed = None
+        if parsed is None:
             log.warning("ignored a malformed cache invalidation; dropping the whole cache instead")
             self.clear()
             return

@@ -22,6 +22,9 @@ dropped, never the request) and writers go through the typed classes.
 - **Replica environment.** :class:`ReplicaEnv` is every ``BATON_*`` variable a Ray replica or an
   engine process reads (names: the ``ENV_*`` constants); the renderer writes it with
   :meth:`ReplicaEnv.to_environ`, the replicas read it with :meth:`ReplicaEnv.from_environ`.
+- **Cache invalidations.** The control plane publishes on the Redis channel :data:`INVALIDATION_CHANNEL`
+  what every gateway process must forget at once (a key, a tenant, or everything): written with
+  :func:`invalidation_message`, read with :func:`parse_invalidation`.
 - **KV size.** :func:`kv_bytes` is the seed's formula, ``2 x layers x kv_heads x head_dim x tokens x
   bytes``, and :data:`DTYPE_BYTES` the one table of element sizes (:func:`dtype_bytes`).
 
@@ -415,6 +418,32 @@ class RequestFacts:
     def of(cls, facts: Iterable[Fact]) -> RequestFacts:
         """The facts as if written and read back (the later of two with the same field wins)."""
         return cls.from_hash(dict(encode_fact(f) for f in facts))
+
+
+# --- cache invalidations ----------------------------------------------------------------------------
+
+#: Redis pub/sub channel on which gateway caches are told to forget an entry.
+INVALIDATION_CHANNEL = "baton:gateway:invalidate"
+
+InvalidationKind = Literal["key", "tenant", "all"]
+
+
+def invalidation_message(kind: InvalidationKind, id_: object | None = None) -> bytes:
+    """The wire form of one invalidation: ``{"kind": ..., "id": ...}`` as JSON (``id``: a UUID's text)."""
+    return json.dumps({"kind": kind, "id": str(id_) if id_ else None}, separators=(",", ":")).encode()
+
+
+def parse_invalidation(message: bytes | str) -> tuple[str, str | None] | None:
+    """``(kind, id or None)`` of one invalidation message; None when it is malformed (the reader then
+    forgets everything, which is always safe)."""
+    try:
+        data = json.loads(message)
+    except (ValueError, TypeError):
+        return None
+    if not isinstance(data, dict) or not isinstance(data.get("kind"), str):
+        return None
+    id_ = data.get("id")
+    return data["kind"], id_ if isinstance(id_, str) and id_ else None
 
 
 # --- replica environment ----------------------------------------------------------------------------

@@ -158,6 +158,16 @@ def test_every_caller_gets_the_same_answer() -> None:
                                                              bytes_per_element=4)
 
 
+def test_an_invalidation_reads_back_as_written_and_a_malformed_one_as_none() -> None:
+    import uuid
+
+    kid = uuid.uuid4()
+    assert c.parse_invalidation(c.invalidation_message("key", kid)) == ("key", str(kid))
+    assert c.parse_invalidation(c.invalidation_message("all").decode()) == ("all", None)
+    for bad in (b"", b"not json", b"[]", b'{"id": "x"}', b'{"kind": 3}'):
+        assert c.parse_invalidation(bad) is None, bad
+
+
 # --- (c) one definition each: nothing outside the contracts module spells them --------------------------
 
 DTYPE_NAMES = {"float32", "float", "fp32", "float16", "fp16", "half", "bfloat16", "bf16", "fp8", "float8",
@@ -189,8 +199,8 @@ def _ident(node: ast.expr) -> str:
 
 
 def contract_copies(root: Path) -> list[str]:
-    """Each place outside the contracts module that spells a contract of its own: the fact key prefix, a
-    replica environment name, a dtype-size table, the KV-size formula."""
+    """Each place outside the contracts module that spells a contract of its own: the fact key prefix, the
+    invalidation channel, a replica environment name, a dtype-size table, the KV-size formula."""
     found: list[str] = []
     for top in SCANNED:
         for path in sorted((root / top).rglob("*.py")):
@@ -206,6 +216,8 @@ def contract_copies(root: Path) -> list[str]:
                     text = node.value
                     if c.FACT_KEY_PREFIX in text:
                         found.append(f"{where}: the fact key {text!r}")
+                    if c.INVALIDATION_CHANNEL in text:
+                        found.append(f"{where}: the invalidation channel {text!r}")
                     names = set(re.findall(r"BATON_[A-Z0-9_]+", text))
                     if any(n.startswith(ENV_PREFIXES) for n in names) or names & ENV_EXACT:
                         found.append(f"{where}: a replica environment name {text!r}")

@@ -11,9 +11,10 @@ import pytest
 import redis
 from sqlalchemy import text
 
-from baton.control.keys import INVALIDATION_CHANNEL, KeyService, RedisKeyEvents
+from baton.control.keys import KeyService, RedisKeyEvents
 from baton.core import errors
 from baton.core import models as m
+from baton.core.contracts import INVALIDATION_CHANNEL
 from baton.core.db import Database
 from baton.core.secrets import looks_valid
 from baton.core.settings import Settings

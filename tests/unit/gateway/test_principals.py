@@ -8,8 +8,8 @@ import uuid
 import pytest
 
 from baton.api.gateway.principals import ModelGrant, Principal, PrincipalCache
-from baton.control.keys import invalidation_message
 from baton.core import errors
+from baton.core.contracts import invalidation_message
 from baton.core.secrets import hash_secret, new_secret
 
 SECRET = "unit-secret"
