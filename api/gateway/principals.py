@@ -299,15 +299,11 @@ class PrincipalCache:
     def apply(self, message: bytes | str) -> None:
         """Applies one invalidation message (:func:`baton.core.contracts.parse_invalidation`)."""
         parsed = parse_invalidation(message)
-        kind, text = parsed or ("all", None)
-        try:
-            id_ = uuid.UUID(text) if text else None
-        except ValueError:
-            parsed = None
         if parsed is None:
             log.warning("ignored a malformed cache invalidation; dropping the whole cache instead")
             self.clear()
             return
+        kind, id_ = parsed
         if kind == "key" and id_ is not None:
             self.invalidate_key(id_)
         elif kind == "tenant" and id_ is not None:

@@ -36,6 +36,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import uuid
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from enum import StrEnum
@@ -433,17 +434,17 @@ def invalidation_message(kind: InvalidationKind, id_: object | None = None) -> b
     return json.dumps({"kind": kind, "id": str(id_) if id_ else None}, separators=(",", ":")).encode()
 
 
-def parse_invalidation(message: bytes | str) -> tuple[str, str | None] | None:
+def parse_invalidation(message: bytes | str) -> tuple[str, uuid.UUID | None] | None:
     """``(kind, id or None)`` of one invalidation message; None when it is malformed (the reader then
     forgets everything, which is always safe)."""
     try:
         data = json.loads(message)
-    except (ValueError, TypeError):
+        if not isinstance(data, dict) or not isinstance(data.get("kind"), str):
+            return None
+        id_ = data.get("id")
+        return data["kind"], uuid.UUID(id_) if id_ else None
+    except (ValueError, TypeError, AttributeError):  # not JSON, or an id that is not a UUID's text
         return None
-    if not isinstance(data, dict) or not isinstance(data.get("kind"), str):
-        return None
-    id_ = data.get("id")
-    return data["kind"], id_ if isinstance(id_, str) and id_ else None
 
 
 # --- replica environment ----------------------------------------------------------------------------

@@ -162,9 +162,10 @@ def test_an_invalidation_reads_back_as_written_and_a_malformed_one_as_none() -> 
     import uuid
 
     kid = uuid.uuid4()
-    assert c.parse_invalidation(c.invalidation_message("key", kid)) == ("key", str(kid))
+    assert c.parse_invalidation(c.invalidation_message("key", kid)) == ("key", kid)
     assert c.parse_invalidation(c.invalidation_message("all").decode()) == ("all", None)
-    for bad in (b"", b"not json", b"[]", b'{"id": "x"}', b'{"kind": 3}'):
+    for bad in (b"", b"not json", b"[]", b'{"id": "x"}', b'{"kind": 3}', b'{"kind": "key", "id": "x"}',
+                b'{"kind": "key", "id": 7}'):
         assert c.parse_invalidation(bad) is None, bad
 
 
