@@ -1,6 +1,6 @@
 """The console's operator pages for tenants: the list, model grants, suspend and resume, and the access
-requests (the queue of organisations waiting for a model, approve, decline). Adapters over
-:class:`baton.control.tenancy.Tenancy`, acting as ``console:<email>``."""
+requests (the queue of organisations waiting for a model, approve, decline); and the admin API's tokens.
+Adapters over :class:`baton.control.tenancy.Tenancy`, acting as ``console:<email>``."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from typing import Annotated, Any, Literal
 from fastapi import APIRouter, Query, Request, Response
 from pydantic import BaseModel, ConfigDict, Field
 
-from baton.api.admin.schemas import RateLimitPublic, RateLimitSet
+from baton.api.admin.schemas import AdminTokenCreate, AdminTokenIssued, AdminTokenPublic, RateLimitPublic, RateLimitSet
 from baton.api.console.auth import ConsoleUser
 from baton.api.console.routes import ConsoleRoute, Ctx, OperatorUser
 from baton.control.services import Actor
@@ -146,3 +146,25 @@ def decline_access(request_id: uuid.UUID, ctx: Ctx, request: Request, user: Oper
     view = ctx.control.tenancy.decline_access(_actor(request, user), request_id,
                                               reason=(body or DeclineAccess()).reason)
     return access_request_json(view)
+
+
+# --- admin tokens -----------------------------------------------------------------------------------
+
+@router.get("/admin-tokens", response_model=list[AdminTokenPublic])
+def list_admin_tokens(ctx: Ctx, user: OperatorUser) -> list[AdminTokenPublic]:
+    """The /admin/v1 bearer tokens, live and revoked (never their secrets: Baton keeps only hashes)."""
+    return [AdminTokenPublic.model_validate(v) for v in ctx.control.tenancy.list_admin_tokens()]
+
+
+@router.post("/admin-tokens", status_code=201, response_model=AdminTokenIssued)
+def create_admin_token(body: AdminTokenCreate, ctx: Ctx, request: Request, user: OperatorUser) -> AdminTokenIssued:
+    """A new /admin/v1 token; its secret is in this answer only."""
+    issued = ctx.control.tenancy.create_admin_token(_actor(request, user), body.name)
+    return AdminTokenIssued(token=AdminTokenPublic.model_validate(issued.token), secret=issued.secret)
+
+
+@router.delete("/admin-tokens/{token_id}", status_code=204)
+def revoke_admin_token(token_id: uuid.UUID, ctx: Ctx, request: Request, user: OperatorUser) -> Response:
+    """Revokes a token at once (404 for an unknown one)."""
+    ctx.control.tenancy.revoke_admin_token(_actor(request, user), token_id)
+    return Response(status_code=204)

@@ -193,3 +193,45 @@ def test_an_operator_sets_a_tenants_rate_limit_and_the_gateway_enforces_it(page,
     form.get_by_role("button", name="Remove limits").click()
     expect(form.get_by_test_id("limits-now")).to_contain_text("no tenant-wide limit")
     ops.context.close()
+
+
+def test_an_admin_token_is_made_used_and_revoked_from_the_console(browser, stack: Stack) -> None:  # type: ignore[no-untyped-def]
+    """The admin API's tokens have a page: a new token's secret is shown once and works on /admin/v1;
+    revoking asks first (a dismissed question keeps it working) and refuses it at once."""
+    import uuid
+
+    import httpx
+
+    ops = operator_page(browser, stack)
+    name = f"pipeline-{uuid.uuid4().hex[:6]}"
+    ops.get_by_role("link", name="Admin tokens").click()
+    expect(ops.get_by_role("heading", name="Admin tokens", level=1)).to_be_visible()
+    ops.get_by_label("Name").fill(name)
+    ops.get_by_role("button", name="Create token").click()
+    secret = ops.get_by_test_id("token-secret").input_value()
+    assert secret.startswith("bt_admin_")
+    shot(ops, "operator-admin-token-created")
+    ops.get_by_role("button", name="I have saved it").click()
+    expect(ops.get_by_test_id("token-secret")).to_have_count(0)
+    row = ops.get_by_role("table", name="Admin tokens").get_by_role("row", name=re.compile(name))
+    expect(row).to_contain_text("active")
+    assert secret not in ops.content()  # shown once: the list holds only its prefix
+
+    def admin_status() -> int:
+        return httpx.get(f"{stack.url}/admin/v1/tenants", headers={"Authorization": f"Bearer {secret}"}).status_code
+
+    assert admin_status() == 200
+    asked: list[str] = []
+    ops.once("dialog", lambda d: (asked.append(d.message), d.dismiss()))
+    row.get_by_role("button", name=f"Revoke {name}").click()
+    assert asked and name in asked[0]
+    ops.reload()
+    expect(row).to_contain_text("active")
+    assert admin_status() == 200
+    ops.once("dialog", lambda d: d.accept())
+    row.get_by_role("button", name=f"Revoke {name}").click()
+    expect(row).to_contain_text("revoked")
+    assert admin_status() == 401
+    ops.get_by_role("link", name="Audit log").click()
+    expect(ops.get_by_role("row", name=re.compile("admin_token.revoke")).first).to_contain_text(name)
+    ops.context.close()

@@ -1,6 +1,6 @@
 import { useEffect, useState, type FormEvent } from "react";
 import { ApiError, api, type AccessRequest } from "./api";
-import { Badge, Empty, ErrorMessage, Loading, Page, Stat, TableHead, fmtBytes, fmtInt, fmtMs, fmtTime, stateTone, useAction, useApi } from "./components";
+import { Badge, CopyButton, Empty, ErrorMessage, Loading, Page, Stat, TableHead, fmtBytes, fmtInt, fmtMs, fmtTime, stateTone, useAction, useApi } from "./components";
 
 interface Tenant {
   id: string;
@@ -1051,6 +1051,91 @@ export function Audit() {
               Older
             </button>
           </nav>
+        </div>
+      )}
+    </Page>
+  );
+}
+
+// --- admin tokens -------------------------------------------------------------------------------
+
+interface AdminToken {
+  id: string;
+  name: string;
+  prefix: string;
+  created_at: string;
+  revoked_at: string | null;
+}
+
+export function AdminTokens() {
+  const tokens = useApi<AdminToken[]>("/ops/admin-tokens");
+  const act = useAction(() => tokens.reload());
+  const [name, setName] = useState("");
+  const [issued, setIssued] = useState<{ name: string; secret: string } | null>(null);
+  const create = (e: FormEvent) => {
+    e.preventDefault();
+    act.run(async () => {
+      const r = await api<{ token: AdminToken; secret: string }>("/ops/admin-tokens", { method: "POST", body: { name } });
+      setIssued({ name: r.token.name, secret: r.secret });
+      setName("");
+    });
+  };
+  return (
+    <Page title="Admin tokens" intro="Bearer tokens for the admin REST API (/admin/v1): for automation and scripts. Baton keeps only their hashes.">
+      <ErrorMessage error={tokens.error ?? act.error} />
+      {issued && (
+        <div className="card secret" role="region" aria-labelledby="token-secret-title">
+          <h2 id="token-secret-title">Your new admin token “{issued.name}”</h2>
+          <p>
+            Copy it now: Baton shows it <strong>only once</strong>. It can do everything an operator can.
+          </p>
+          <div className="secret-row">
+            <label htmlFor="token-secret" className="sr-only">
+              Admin token
+            </label>
+            <input id="token-secret" readOnly value={issued.secret} onFocus={(e) => e.target.select()} data-testid="token-secret" />
+            <CopyButton text={issued.secret} label="Copy token" />
+          </div>
+          <button type="button" onClick={() => setIssued(null)}>
+            I have saved it
+          </button>
+        </div>
+      )}
+      <form className="card form" onSubmit={create} aria-labelledby="token-title">
+        <h2 id="token-title">New admin token</h2>
+        <label htmlFor="token-name">Name</label>
+        <input id="token-name" required maxLength={100} placeholder="e.g. deploy pipeline" value={name} onChange={(e) => setName(e.target.value)} />
+        <button type="submit" disabled={act.busy}>
+          Create token
+        </button>
+      </form>
+      {tokens.loading && !tokens.data && <Loading what="the admin tokens" />}
+      {tokens.data && tokens.data.length === 0 && <Empty>No admin tokens yet.</Empty>}
+      {tokens.data && tokens.data.length > 0 && (
+        <div className="card">
+          <table className="table" aria-label="Admin tokens">
+            <TableHead cols={["Name", "Token", "Created", "State"]} actions="Actions" />
+            <tbody>
+              {tokens.data.map((t) => (
+                <tr key={t.id}>
+                  <th scope="row">{t.name}</th>
+                  <td>
+                    <code>{t.prefix}…</code>
+                  </td>
+                  <td>{fmtTime(t.created_at)}</td>
+                  <td>{t.revoked_at ? <Badge tone="bad">revoked {fmtTime(t.revoked_at)}</Badge> : <Badge tone="ok">active</Badge>}</td>
+                  <td className="actions">
+                    {!t.revoked_at && (
+                      <button type="button" className="danger" disabled={act.busy}
+                        onClick={() => act.confirmed(`Revoke the admin token “${t.name}”? Anything using it is refused at once.`, () => api(`/ops/admin-tokens/${t.id}`, { method: "DELETE" }))}>
+                        Revoke <span className="sr-only">{t.name}</span>
+                      </button>
+                    )}
+                  </td>
+                </tr>
+              ))}
+            </tbody>
+          </table>
         </div>
       )}
     </Page>

@@ -160,15 +160,18 @@ def test_a_declined_request_says_why(db: Database, sign_up: SignUp, operator: Se
 #: (method, path) of every operator tenant action; ``{id}`` stands for the resource's id.
 ACTIONS = [("PUT", f"/tenants/{ID}/models/{uuid.UUID(int=1)}"), ("DELETE", f"/tenants/{ID}/models/{uuid.UUID(int=1)}"),
            ("POST", f"/tenants/{ID}/suspend"), ("POST", f"/tenants/{ID}/resume"),
-           ("POST", f"/access-requests/{ID}/approve"), ("POST", f"/access-requests/{ID}/decline")]
-READS = [("GET", "/tenants"), ("GET", "/access-queue"), ("GET", "/access-requests")]
+           ("POST", f"/access-requests/{ID}/approve"), ("POST", f"/access-requests/{ID}/decline"),
+           ("DELETE", f"/admin-tokens/{ID}")]
+#: Actions that make something (no id to be unknown or malformed).
+CREATES = [("POST", "/admin-tokens")]
+READS = [("GET", "/tenants"), ("GET", "/access-queue"), ("GET", "/access-requests"), ("GET", "/admin-tokens")]
 
 
 def _path(path: str, id_: object | None = None) -> str:
     return OPS + path.replace(ID, str(id_ or uuid.uuid4()))
 
 
-@pytest.mark.parametrize(("method", "path"), ACTIONS + READS)
+@pytest.mark.parametrize(("method", "path"), ACTIONS + CREATES + READS)
 def test_a_tenant_session_is_refused(sign_up: SignUp, method: str, path: str) -> None:
     s = sign_up()
     r = _call(s, method, _path(path, s.tenant_id))
@@ -176,7 +179,7 @@ def test_a_tenant_session_is_refused(sign_up: SignUp, method: str, path: str) ->
     assert r.json()["detail"] == "Only platform operators may open this page."
 
 
-@pytest.mark.parametrize(("method", "path"), ACTIONS)
+@pytest.mark.parametrize(("method", "path"), ACTIONS + CREATES)
 def test_an_action_without_the_csrf_token_is_refused(operator: Session, sign_up: SignUp, method: str,
                                                      path: str) -> None:
     t = sign_up()
@@ -320,3 +323,30 @@ def test_configured_origins_are_accepted(console_app, client, operator: Session)
                            headers={"origin": "https://other.example.com"}).status_code == 403
     finally:
         ctx.settings = before
+
+
+def test_admin_tokens_from_the_console_refuse_bad_names_and_work_on_the_admin_api(
+        operator: Session, console_app) -> None:  # type: ignore[no-untyped-def]
+    from fastapi import FastAPI
+    from fastapi.testclient import TestClient
+
+    from baton.api.admin.router import router
+
+    admin_app = FastAPI()  # the admin API over the console's own services
+    admin_app.include_router(router, prefix="/admin/v1")
+    admin_app.state.admin = console_app.state.admin
+
+    for body, param in (({"name": ""}, "name"), ({"name": "x" * 101}, "name"), ({}, "name"),
+                        ({"name": "ok", "scope": "all"}, "scope")):
+        r = _call(operator, "POST", f"{OPS}/admin-tokens", json=body)
+        assert r.status_code == 400 and r.json()["param"] == param, r.text
+    made = _call(operator, "POST", f"{OPS}/admin-tokens", json={"name": "ci"})
+    assert made.status_code == 201, made.text
+    secret, tid = made.json()["secret"], made.json()["token"]["id"]
+    listed = _call(operator, "GET", f"{OPS}/admin-tokens").json()
+    assert any(t["id"] == tid and t["revoked_at"] is None for t in listed) and secret not in str(listed)
+    with TestClient(admin_app, headers={"Authorization": f"Bearer {secret}"}) as admin:
+        assert admin.get("/admin/v1/tenants").status_code == 200
+        assert _call(operator, "DELETE", f"{OPS}/admin-tokens/{tid}").status_code == 204
+        assert _call(operator, "DELETE", f"{OPS}/admin-tokens/{tid}").status_code == 204  # idempotent
+        assert admin.get("/admin/v1/tenants").status_code == 401
