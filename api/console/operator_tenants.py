@@ -1,5 +1,6 @@
 """The console's operator pages for tenants: the list, model grants, suspend and resume, and the access
-requests (the queue of organisations waiting for a model, approve, decline); and the admin API's tokens.
+requests (the queue of organisations waiting for a model, approve, decline), each organisation's users;
+and the admin API's tokens.
 Adapters over :class:`baton.control.tenancy.Tenancy`, acting as ``console:<email>``."""
 
 from __future__ import annotations
@@ -10,11 +11,20 @@ from typing import Annotated, Any, Literal
 from fastapi import APIRouter, Query, Request, Response
 from pydantic import BaseModel, ConfigDict, Field
 
-from baton.api.admin.schemas import AdminTokenCreate, AdminTokenIssued, AdminTokenPublic, RateLimitPublic, RateLimitSet
-from baton.api.console.auth import ConsoleUser
+from baton.api.admin.schemas import (
+    AdminTokenCreate,
+    AdminTokenIssued,
+    AdminTokenPublic,
+    RateLimitPublic,
+    RateLimitSet,
+    UserCreate,
+    UserPublic,
+    UserUpdate,
+)
+from baton.api.console.auth import ConsoleUser, hash_password
 from baton.api.console.routes import ConsoleRoute, Ctx, OperatorUser
 from baton.control.services import Actor
-from baton.control.tenancy import AccessRequestView, Limits, TenantView
+from baton.control.tenancy import AccessRequestView, Limits, NewUser, TenantView, UserChanges
 from baton.core import models as m
 
 router = APIRouter(prefix="/ops", tags=["console: operator"], route_class=ConsoleRoute)
@@ -146,6 +156,37 @@ def decline_access(request_id: uuid.UUID, ctx: Ctx, request: Request, user: Oper
     view = ctx.control.tenancy.decline_access(_actor(request, user), request_id,
                                               reason=(body or DeclineAccess()).reason)
     return access_request_json(view)
+
+
+# --- an organisation's users ------------------------------------------------------------------------
+
+@router.get("/tenants/{tenant_id}/users", response_model=list[UserPublic])
+def list_users(tenant_id: uuid.UUID, ctx: Ctx, user: OperatorUser) -> list[UserPublic]:
+    return [UserPublic.model_validate(u) for u in ctx.control.tenancy.list_users(tenant_id)]
+
+
+@router.post("/tenants/{tenant_id}/users", status_code=201, response_model=UserPublic)
+def create_user(tenant_id: uuid.UUID, body: UserCreate, ctx: Ctx, request: Request, user: OperatorUser) -> UserPublic:
+    """A console user of the organisation (409 for an email already in use)."""
+    new = NewUser(email=body.email, password_hash=hash_password(body.password), role=body.role)
+    return UserPublic.model_validate(ctx.control.tenancy.create_user(_actor(request, user), tenant_id, new))
+
+
+@router.patch("/tenants/{tenant_id}/users/{user_id}", response_model=UserPublic)
+def update_user(*, tenant_id: uuid.UUID, user_id: uuid.UUID, body: UserUpdate, ctx: Ctx, request: Request,
+                user: OperatorUser) -> UserPublic:
+    """Role, disabled (a disabled user's sessions stop at once), or a new password."""
+    changes = UserChanges(role=body.role, disabled=body.disabled,
+                          password_hash=hash_password(body.password) if body.password is not None else None)
+    return UserPublic.model_validate(ctx.control.tenancy.update_user(_actor(request, user), tenant_id, user_id,
+                                                                     changes))
+
+
+@router.delete("/tenants/{tenant_id}/users/{user_id}", status_code=204)
+def delete_user(tenant_id: uuid.UUID, user_id: uuid.UUID, ctx: Ctx, request: Request,
+                user: OperatorUser) -> Response:
+    ctx.control.tenancy.delete_user(_actor(request, user), tenant_id, user_id)
+    return Response(status_code=204)
 
 
 # --- admin tokens -----------------------------------------------------------------------------------

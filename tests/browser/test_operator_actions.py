@@ -235,3 +235,59 @@ def test_an_admin_token_is_made_used_and_revoked_from_the_console(browser, stack
     ops.get_by_role("link", name="Audit log").click()
     expect(ops.get_by_role("row", name=re.compile("admin_token.revoke")).first).to_contain_text(name)
     ops.context.close()
+
+
+def test_an_organisations_users_are_managed_from_the_console(page, browser, stack: Stack) -> None:  # type: ignore[no-untyped-def]
+    """An operator adds a member to an organisation, who signs in; disabling asks first and then refuses the
+    member's sign-in; enabling lets them back; removing asks first."""
+    import uuid
+
+    from .conftest import PASSWORD
+
+    slug, _ = sign_up(page, stack)
+    member = f"dev-{uuid.uuid4().hex[:6]}@{slug}.example.com"
+    ops = operator_page(browser, stack)
+    ops.get_by_role("link", name="Users").click()
+    ops.get_by_label("Organisation").select_option(label=slug)
+    users = ops.get_by_role("table", name="Users")
+    expect(users.get_by_role("row")).to_have_count(2)  # the header and the one who signed up
+    ops.get_by_label("Email").fill(member)
+    ops.get_by_label("First password (at least 12 characters)").fill(PASSWORD)
+    ops.get_by_role("button", name="Add user").click()
+    row = users.get_by_role("row", name=re.compile(re.escape(member)))
+    expect(row).to_contain_text("member")
+    expect(row).to_contain_text("never")
+    shot(ops, "operator-users")
+
+    def sign_in(ok: bool) -> None:
+        ctx = browser.new_context(base_url=stack.url)
+        pg = ctx.new_page()
+        pg.goto("/console/login")
+        pg.get_by_label("Email").fill(member)
+        pg.get_by_label("Password").fill(PASSWORD)
+        pg.get_by_role("button", name="Sign in").click()
+        if ok:
+            expect(pg.get_by_role("heading", name=re.compile("Welcome"))).to_be_visible()
+        else:
+            expect(pg.get_by_role("alert")).to_contain_text("The email or password is not correct.")
+        ctx.close()
+
+    sign_in(ok=True)
+    asked: list[str] = []
+    ops.once("dialog", lambda d: (asked.append(d.message), d.dismiss()))
+    row.get_by_role("button", name=f"Disable {member}").click()
+    assert asked and member in asked[0]
+    expect(row).to_contain_text("active")
+    ops.once("dialog", lambda d: d.accept())
+    row.get_by_role("button", name=f"Disable {member}").click()
+    expect(row).to_contain_text("disabled")
+    sign_in(ok=False)
+    row.get_by_role("button", name=f"Enable {member}").click()
+    expect(row).to_contain_text("active")
+    sign_in(ok=True)
+    row.get_by_role("button", name=f"Make admin {member}").click()
+    expect(row).to_contain_text("admin")
+    ops.once("dialog", lambda d: d.accept())
+    row.get_by_role("button", name=f"Remove {member}").click()
+    expect(users.get_by_role("row", name=re.compile(re.escape(member)))).to_have_count(0)
+    ops.context.close()

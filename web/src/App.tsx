@@ -2,7 +2,7 @@ import { useEffect, useState } from "react";
 import { ApiError, api, setCsrf, type SessionInfo } from "./api";
 import { SignIn, SignUp } from "./auth";
 import { ErrorMessage, Loading, Page } from "./components";
-import { AdminTokens, Audit, Deployments, ModelsCatalogue, OpsOverview, Planner, SloPolicies, Tenants } from "./ops";
+import { AdminTokens, Audit, Deployments, ModelsCatalogue, OpsOverview, Planner, SloPolicies, TenantUsers, Tenants } from "./ops";
 import { Link, RouterProvider, useRoute } from "./router";
 import { Keys, Models, Overview, Playground, RequestPage, Requests, SloPage, UsagePage } from "./tenant";
 
@@ -23,6 +23,7 @@ const OPS_NAV: [string, string][] = [
   ["/ops/deployments", "Deployments"],
   ["/ops/slo", "SLO policies"],
   ["/ops/planner", "Planner"],
+  ["/ops/users", "Users"],
   ["/ops/tokens", "Admin tokens"],
   ["/ops/audit", "Audit log"],
 ];
@@ -101,6 +102,7 @@ function Shell() {
     else if (path === "/ops/deployments") page = <Deployments />;
     else if (path === "/ops/slo") page = <SloPolicies />;
     else if (path === "/ops/planner") page = <Planner />;
+    else if (path === "/ops/users") page = <TenantUsers />;
     else if (path === "/ops/tokens") page = <AdminTokens />;
     else if (path === "/ops/audit") page = <Audit />;
     else page = <NotFound />;

@@ -1141,3 +1141,104 @@ export function AdminTokens() {
     </Page>
   );
 }
+
+// --- an organisation's users ----------------------------------------------------------------------
+
+interface TenantUserRow {
+  id: string;
+  email: string;
+  role: "tenant_admin" | "tenant_member";
+  disabled: boolean;
+  created_at: string;
+  last_login_at: string | null;
+}
+
+const ROLE_NAMES: Record<TenantUserRow["role"], string> = { tenant_admin: "admin", tenant_member: "member" };
+
+export function TenantUsers() {
+  const tenants = useApi<Tenant[]>("/ops/tenants");
+  const [tenantId, setTenantId] = useState("");
+  const users = useApi<TenantUserRow[]>(tenantId ? `/ops/tenants/${tenantId}/users` : null, [tenantId]);
+  const act = useAction(() => users.reload());
+  const [form, setForm] = useState({ email: "", password: "", role: "tenant_member" });
+  const tenant = tenants.data?.find((t) => t.id === tenantId);
+  const base = `/ops/tenants/${tenantId}/users`;
+  const add = (e: FormEvent) => {
+    e.preventDefault();
+    act.run(async () => {
+      await api(base, { method: "POST", body: form });
+      setForm({ email: "", password: "", role: "tenant_member" });
+    });
+  };
+  return (
+    <Page title="Users" intro="Who signs in to an organisation's console: add people, change their role, disable or remove them.">
+      <ErrorMessage error={tenants.error ?? users.error ?? act.error} />
+      <div className="card form">
+        <label htmlFor="users-tenant">Organisation</label>
+        <select id="users-tenant" value={tenantId} onChange={(e) => setTenantId(e.target.value)}>
+          <option value="">Choose an organisation</option>
+          {tenants.data?.map((t) => (
+            <option key={t.id} value={t.id}>
+              {t.name}
+            </option>
+          ))}
+        </select>
+      </div>
+      {tenant && (
+        <form className="card form" onSubmit={add} aria-labelledby="user-title">
+          <h2 id="user-title">Add a user to {tenant.display_name}</h2>
+          <label htmlFor="user-email">Email</label>
+          <input id="user-email" type="email" required maxLength={320} value={form.email} onChange={(e) => setForm({ ...form, email: e.target.value })} />
+          <label htmlFor="user-password">First password (at least 12 characters)</label>
+          <input id="user-password" type="password" required minLength={12} maxLength={256} autoComplete="new-password" value={form.password} onChange={(e) => setForm({ ...form, password: e.target.value })} />
+          <label htmlFor="user-role">Role</label>
+          <select id="user-role" value={form.role} onChange={(e) => setForm({ ...form, role: e.target.value })}>
+            <option value="tenant_member">member</option>
+            <option value="tenant_admin">admin</option>
+          </select>
+          <button type="submit" disabled={act.busy}>
+            Add user
+          </button>
+        </form>
+      )}
+      {tenant && users.loading && !users.data && <Loading what="the users" />}
+      {tenant && users.data && (
+        <div className="card">
+          <table className="table" aria-label="Users">
+            <TableHead cols={["Email", "Role", "State", "Last sign-in"]} actions="Actions" />
+            <tbody>
+              {users.data.map((u) => (
+                <tr key={u.id}>
+                  <th scope="row">{u.email}</th>
+                  <td>{ROLE_NAMES[u.role]}</td>
+                  <td>{u.disabled ? <Badge tone="bad">disabled</Badge> : <Badge tone="ok">active</Badge>}</td>
+                  <td>{u.last_login_at ? fmtTime(u.last_login_at) : "never"}</td>
+                  <td className="actions">
+                    <button type="button" className="secondary" disabled={act.busy}
+                      onClick={() => act.run(() => api(`${base}/${u.id}`, { method: "PATCH", body: { role: u.role === "tenant_admin" ? "tenant_member" : "tenant_admin" } }))}>
+                      {u.role === "tenant_admin" ? "Make member" : "Make admin"} <span className="sr-only">{u.email}</span>
+                    </button>{" "}
+                    {u.disabled ? (
+                      <button type="button" className="secondary" disabled={act.busy} onClick={() => act.run(() => api(`${base}/${u.id}`, { method: "PATCH", body: { disabled: false } }))}>
+                        Enable <span className="sr-only">{u.email}</span>
+                      </button>
+                    ) : (
+                      <button type="button" className="danger" disabled={act.busy}
+                        onClick={() => act.confirmed(`Disable ${u.email}? They are signed out at once and cannot sign in until enabled.`, () => api(`${base}/${u.id}`, { method: "PATCH", body: { disabled: true } }))}>
+                        Disable <span className="sr-only">{u.email}</span>
+                      </button>
+                    )}{" "}
+                    <button type="button" className="danger" disabled={act.busy}
+                      onClick={() => act.confirmed(`Remove ${u.email} from ${tenant.name}? This cannot be undone.`, () => api(`${base}/${u.id}`, { method: "DELETE" }))}>
+                      Remove <span className="sr-only">{u.email}</span>
+                    </button>
+                  </td>
+                </tr>
+              ))}
+            </tbody>
+          </table>
+        </div>
+      )}
+    </Page>
+  );
+}

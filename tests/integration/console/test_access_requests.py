@@ -350,3 +350,37 @@ def test_admin_tokens_from_the_console_refuse_bad_names_and_work_on_the_admin_ap
         assert _call(operator, "DELETE", f"{OPS}/admin-tokens/{tid}").status_code == 204
         assert _call(operator, "DELETE", f"{OPS}/admin-tokens/{tid}").status_code == 204  # idempotent
         assert admin.get("/admin/v1/tenants").status_code == 401
+
+
+def test_an_organisations_users_from_the_console_refuse_what_they_must(operator: Session, sign_up: SignUp) -> None:
+    t = sign_up()
+    base = f"{OPS}/tenants/{t.tenant_id}/users"
+    good = {"email": f"dev@{uuid.uuid4().hex[:6]}.example.com", "password": "x" * 12}
+    # a tenant's own session, and a missing CSRF token
+    assert _call(t, "GET", f"/console/api/ops/tenants/{t.tenant_id}/users").status_code == 403
+    assert _call(t, "POST", f"/console/api/ops/tenants/{t.tenant_id}/users", json=good).status_code == 403
+    assert _call(operator, "POST", base, json=good, csrf=False).status_code == 403
+    # bad bodies, in plain words
+    for body, param in (({**good, "password": "short"}, "password"), ({**good, "email": "not-an-email"}, "email"),
+                        ({**good, "role": "operator"}, "role"), ({**good, "extra": 1}, "extra")):
+        r = _call(operator, "POST", base, json=body)
+        assert r.status_code == 400 and r.json()["param"] == param, r.text
+        assert "Input should" not in r.json()["detail"]
+    made = _call(operator, "POST", base, json=good)
+    assert made.status_code == 201 and made.json()["role"] == "tenant_member", made.text
+    uid = made.json()["id"]
+    assert _call(operator, "POST", base, json=good).status_code == 409  # the email is taken
+    # unknown and malformed ids
+    assert _call(operator, "GET", f"{OPS}/tenants/{uuid.uuid4()}/users").status_code == 404
+    for method, body in (("PATCH", {"disabled": True}), ("DELETE", None)):
+        assert _call(operator, method, f"{base}/{uuid.uuid4()}", json=body).status_code == 404
+        r = _call(operator, method, f"{base}/not-an-id", json=body)
+        assert r.status_code == 400 and "not a valid id" in r.json()["detail"]
+    other = sign_up()  # a user id under another organisation is not found there
+    assert _call(operator, "PATCH", f"{OPS}/tenants/{other.tenant_id}/users/{uid}",
+                 json={"disabled": True}).status_code == 404
+    r = _call(operator, "PATCH", f"{base}/{uid}", json={"password": "short"})
+    assert r.status_code == 400 and r.json()["param"] == "password"
+    assert _call(operator, "PATCH", f"{base}/{uid}", json={"disabled": True}).json()["disabled"] is True
+    assert _call(operator, "DELETE", f"{base}/{uid}").status_code == 204
+    assert _call(operator, "DELETE", f"{base}/{uid}").status_code == 404
