@@ -146,6 +146,30 @@ export function stateTone(state: string): "ok" | "warn" | "bad" | "info" | "mute
   return "muted";
 }
 
+/** A new secret, shown once: focused when it appears, with a copy button, until the person says it is saved. */
+export function SecretOnce({ id, title, label, copyLabel, secret, children, onDone }: {
+  id: string; title: string; label: string; copyLabel: string; secret: string; children: ReactNode; onDone: () => void;
+}) {
+  const ref = useRef<HTMLDivElement>(null);
+  useEffect(() => ref.current?.focus(), []);
+  return (
+    <div className="card secret" role="region" aria-labelledby={`${id}-title`} tabIndex={-1} ref={ref}>
+      <h2 id={`${id}-title`}>{title}</h2>
+      <p>{children}</p>
+      <div className="secret-row">
+        <label htmlFor={id} className="sr-only">
+          {label}
+        </label>
+        <input id={id} readOnly value={secret} onFocus={(e) => e.target.select()} data-testid={id} />
+        <CopyButton text={secret} label={copyLabel} />
+      </div>
+      <button type="button" onClick={onDone}>
+        I have saved it
+      </button>
+    </div>
+  );
+}
+
 export function CopyButton({ text, label = "Copy" }: { text: string; label?: string }) {
   const [done, setDone] = useState<"" | "ok" | "fail">("");
   const copy = async () => {

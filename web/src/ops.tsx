@@ -1,6 +1,6 @@
 import { useEffect, useState, type FormEvent } from "react";
 import { ApiError, api, type AccessRequest } from "./api";
-import { Badge, CopyButton, Empty, ErrorMessage, Loading, Page, Stat, TableHead, fmtBytes, fmtInt, fmtMs, fmtTime, stateTone, useAction, useApi } from "./components";
+import { Badge, Empty, ErrorMessage, Loading, Page, SecretOnce, Stat, TableHead, fmtBytes, fmtInt, fmtMs, fmtTime, stateTone, useAction, useApi } from "./components";
 
 interface Tenant {
   id: string;
@@ -1084,22 +1084,10 @@ export function AdminTokens() {
     <Page title="Admin tokens" intro="Bearer tokens for the admin REST API (/admin/v1): for automation and scripts. Baton keeps only their hashes.">
       <ErrorMessage error={tokens.error ?? act.error} />
       {issued && (
-        <div className="card secret" role="region" aria-labelledby="token-secret-title">
-          <h2 id="token-secret-title">Your new admin token “{issued.name}”</h2>
-          <p>
-            Copy it now: Baton shows it <strong>only once</strong>. It can do everything an operator can.
-          </p>
-          <div className="secret-row">
-            <label htmlFor="token-secret" className="sr-only">
-              Admin token
-            </label>
-            <input id="token-secret" readOnly value={issued.secret} onFocus={(e) => e.target.select()} data-testid="token-secret" />
-            <CopyButton text={issued.secret} label="Copy token" />
-          </div>
-          <button type="button" onClick={() => setIssued(null)}>
-            I have saved it
-          </button>
-        </div>
+        <SecretOnce id="token-secret" title={`Your new admin token “${issued.name}”`} label="Admin token" copyLabel="Copy token"
+          secret={issued.secret} onDone={() => setIssued(null)}>
+          Copy it now: Baton shows it <strong>only once</strong>. It can do everything an operator can.
+        </SecretOnce>
       )}
       <form className="card form" onSubmit={create} aria-labelledby="token-title">
         <h2 id="token-title">New admin token</h2>

@@ -16,11 +16,11 @@ import {
 import {
   Badge,
   BarChart,
-  CopyButton,
   Empty,
   ErrorMessage,
   Loading,
   Page,
+  SecretOnce,
   Stat,
   TableHead,
   Waterfall,
@@ -140,7 +140,13 @@ export function Keys() {
 
   return (
     <Page title="API keys" intro="Keys authenticate calls to the OpenAI-compatible API. Baton keeps only a hash: a secret is shown once.">
-      {issued && <SecretOnce {...issued} onDone={() => setIssued(null)} />}
+      {issued && (
+        <SecretOnce id="secret-value" title={issued.rotated ? `New secret for “${issued.name}”` : `Your new key “${issued.name}”`}
+          label="Secret key" copyLabel="Copy key" secret={issued.secret} onDone={() => setIssued(null)}>
+          Copy it now: Baton shows it <strong>only once</strong> and cannot recover it.
+          {issued.rotated && " The previous secret keeps working for 24 hours, then expires."}
+        </SecretOnce>
+      )}
       <CreateKey models={models.data ?? []} onCreated={(r) => { setIssued({ secret: r.secret, name: r.key.name, rotated: false }); keys.reload(); }} />
       <div className="card">
         <div className="row-between">
@@ -191,30 +197,6 @@ export function Keys() {
         )}
       </div>
     </Page>
-  );
-}
-
-function SecretOnce({ secret, name, rotated, onDone }: { secret: string; name: string; rotated: boolean; onDone: () => void }) {
-  const ref = useRef<HTMLDivElement>(null);
-  useEffect(() => ref.current?.focus(), []);
-  return (
-    <div className="card secret" role="region" aria-labelledby="secret-title" tabIndex={-1} ref={ref}>
-      <h2 id="secret-title">{rotated ? `New secret for “${name}”` : `Your new key “${name}”`}</h2>
-      <p>
-        Copy it now: Baton shows it <strong>only once</strong> and cannot recover it.
-        {rotated && " The previous secret keeps working for 24 hours, then expires."}
-      </p>
-      <div className="secret-row">
-        <label htmlFor="secret-value" className="sr-only">
-          Secret key
-        </label>
-        <input id="secret-value" readOnly value={secret} onFocus={(e) => e.target.select()} data-testid="secret-value" />
-        <CopyButton text={secret} label="Copy key" />
-      </div>
-      <button type="button" onClick={onDone}>
-        I have saved it
-      </button>
-    </div>
   );
 }
 
