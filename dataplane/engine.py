@@ -9,7 +9,9 @@ burning a core each around every request, beside the other engines, Ray and the 
 :class:`BatonVLLMEngine` runs the model inside the engine-core process instead (vLLM's ``uni``
 executor) when the replica's environment says so (``ReplicaEnv.engine_executor == "uni"``, set by the CPU
 profile in :mod:`baton.dataplane.render`) and the engine has a single rank. Everything else is Ray's
-``VLLMEngine``. Ray picks the class from ``RAYLLM_VLLM_ENGINE_CLS`` in the replica's environment, for
+``VLLMEngine``. In every case the replica's detokenizer primes a prompt that ends inside a character
+the way an undisturbed stream would have (:mod:`baton.dataplane.detokenize`: a resumed stream's
+continuation). Ray picks the class from ``RAYLLM_VLLM_ENGINE_CLS`` in the replica's environment, for
 the aggregated, prefill and decode servers alike.
 """
 
@@ -21,6 +23,7 @@ from typing import Any
 from ray.llm._internal.serve.engines.vllm.vllm_engine import VLLMEngine
 
 from baton.core.contracts import ReplicaEnv
+from baton.dataplane import detokenize
 
 log = logging.getLogger(__name__)
 
@@ -38,6 +41,7 @@ class BatonVLLMEngine(VLLMEngine):
     """Ray's vLLM engine; on a single-rank CPU engine the model runs in the engine-core process."""
 
     def _start_async_llm_engine(self, vllm_engine_args: Any, vllm_engine_config: Any, placement_group: Any) -> Any:
+        detokenize.install()  # the front end (and its detokenizer) runs in this process
         parallel = vllm_engine_config.parallel_config
         backend = choose_executor(parallel, ReplicaEnv.from_environ().engine_executor)
         if backend is not None and parallel.distributed_executor_backend != backend:

@@ -524,8 +524,9 @@ class ResumingRelay(SSERelay):
         finish = choice.get("finish_reason")
         if isinstance(ids, list) and ids and not text and finish is None and st.ids_ok:
             # The engine's detokenizer holds this token's text back (part of a character); the relay holds
-            # the chunk back too, so that a resume never starts right after it: an engine primed with a
-            # prompt that ends inside a character emits the whole prompt's text with its next token.
+            # the chunk back too, so a break here resumes before the token (it is generated again). A break
+            # after a chunk of several tokens whose last one is held back is resumed after it: Baton's
+            # replicas prime such a continuation as the undisturbed stream was (baton.dataplane.detokenize).
             if st.resumed:
                 obj = self._reframe(obj, choice, st, ids if self._client_ids else None)
             st.held.append(b"data: " + orjson.dumps(obj) + b"\n\n")
