@@ -40,6 +40,14 @@ class ServeApp:
     #: The application's entry as last submitted (name, route_prefix, import_path, args, ...).
     config: dict[str, Any] = field(default_factory=dict)
     deployments: dict[str, str] = field(default_factory=dict)
+    #: How it was deployed: ``declarative`` (a config ``PUT``: the reconciler's), ``imperative``
+    #: (``serve.run`` from a driver: not Baton's, and a ``PUT`` leaves it alone) or ``unknown``.
+    source: str = "declarative"
+
+    @property
+    def managed(self) -> bool:
+        """Whether a config ``PUT`` governs it (Serve keeps an imperative app through any ``PUT``)."""
+        return self.source != "imperative"
 
     def matches(self, entry: dict[str, Any]) -> bool:
         """Whether Serve runs exactly this rendered application entry."""
@@ -65,6 +73,7 @@ class ServeStatus:
                 message=str(app.get("message") or ""),
                 config=dict(app.get("deployed_app_config") or {}),
                 deployments=deps,
+                source=str(app.get("source") or "unknown"),
             )
         return cls(apps=apps)
 

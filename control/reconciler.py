@@ -6,7 +6,8 @@ One pass (:meth:`Reconciler.reconcile`):
 2. Read every deployment. Those with ``desired_state = running`` become one Serve application each
    (:func:`baton.control.spec.deployment_spec` -> :func:`baton.dataplane.render.render_serve_config`);
    a row the data plane would refuse is marked ``failed`` with the reason and left out.
-3. Read Serve's status. If it already runs exactly these applications, nothing is sent (idempotent);
+3. Read Serve's status. If it already runs exactly these applications, nothing is sent (idempotent; an
+   application someone ran with ``serve.run`` on the same cluster is not Baton's and a ``PUT`` keeps it);
    otherwise the whole config is ``PUT``, retried with exponential backoff. A rejected or failing apply
    changes nothing in the database except the reason: the rows keep reporting what Serve runs.
 4. Read Serve's status again and write it into the rows (``observed_state``, ``observed_reason``,
@@ -316,7 +317,9 @@ class Reconciler:
 
 
 def _runs_exactly(status: ServeStatus, entries: list[dict[str, Any]]) -> bool:
-    if set(status.apps) != {e["name"] for e in entries}:
+    """Whether Serve's config-managed apps are exactly the entries: an app run with ``serve.run`` on the
+    same cluster is someone else's (a ``PUT`` keeps it), and never makes a pass apply again."""
+    if {name for name, app in status.apps.items() if app.managed} != {e["name"] for e in entries}:
         return False
     return all(status.apps[e["name"]].matches(e) for e in entries)
 

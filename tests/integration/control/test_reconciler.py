@@ -35,7 +35,8 @@ class FakeServe:
         if self.fail:
             raise self.fail.pop(0)
         self.puts.append(config)
-        new: dict[str, ServeApp] = {}
+        # a PUT governs the declarative apps only: one run with serve.run stays
+        new: dict[str, ServeApp] = {n: a for n, a in self.apps.items() if not a.managed}
         for e in config["applications"]:
             old = self.apps.get(e["name"])
             if old is not None and old.matches(e):
@@ -45,7 +46,7 @@ class FakeServe:
         self.apps = new
 
     def settle(self, status: str = "RUNNING", message: str = "") -> None:
-        self.apps = {n: ServeApp(n, status, message, a.config) for n, a in self.apps.items()}
+        self.apps = {n: ServeApp(n, status, message, a.config, source=a.source) for n, a in self.apps.items()}
 
 
 @pytest.fixture
@@ -110,6 +111,22 @@ def test_apply_then_observe_running_and_stay_idempotent(db, serve, reconciler, m
     reconciler.reconcile()
     assert len(serve.puts) == puts
     assert "system:reconciler deployment.observed" in _audit_actions(db, dep)
+
+
+def test_an_app_run_with_serve_run_is_left_alone_and_never_makes_a_pass_apply(db, serve, reconciler,
+                                                                               model_id) -> None:
+    dep = _deployment(db, model_id)
+    name = _row(db, dep)["name"]  # type: ignore[index]
+    serve.apps["someone-elses"] = ServeApp("someone-elses", "RUNNING", source="imperative")
+    assert reconciler.reconcile().applied
+    serve.settle()
+    puts = len(serve.puts)
+    assert not reconciler.reconcile().applied  # Baton's apps run exactly: the other app is not a difference
+    assert len(serve.puts) == puts
+    assert set(serve.apps) >= {name, "someone-elses"} and _row(db, dep)["observed"] == "running"  # type: ignore[index]
+    # a declarative app Baton does not hold is a difference: the next PUT removes it
+    serve.apps["stale"] = ServeApp("stale", "RUNNING", source="declarative")
+    assert reconciler.reconcile().applied and "stale" not in serve.apps and "someone-elses" in serve.apps
 
 
 def test_a_pd_deployment_is_two_serve_apps_and_runs_only_when_both_do(db, serve, reconciler, model_id) -> None:
