@@ -181,6 +181,7 @@ def start_ray_head(settings: Settings, procs: Processes) -> None:
         _bin("ray"), "start", "--head", "--block", "--node-ip-address", "127.0.0.1", "--port", port,
         "--dashboard-host", "127.0.0.1", "--dashboard-port", dash_port,
         "--num-cpus", str(settings.ray.num_cpus), "--disable-usage-stats",
+        f"--metrics-export-port={settings.ray.metrics_export_port}",
         # Nothing reads Ray's log monitor here (no driver attaches): Ray's logs stay in its session folder.
         "--include-log-monitor=false",
     ], env={**LOOPBACK_ENV, **ray_cluster_env(control_loop_s=CPU_HOST_CONTROL_LOOP_S), STACK_MARK: stack_mark(procs)},

@@ -12,6 +12,8 @@ import pytest
 from sqlalchemy import create_engine, text
 from sqlalchemy.engine import make_url
 
+pytest_plugins = ["tests.stages", "tests.shared_stack"]
+
 ROOT = Path(__file__).resolve().parents[1]
 PG_SERVER = os.environ.get("BATON_TEST_PG", "postgresql+psycopg://postgres@127.0.0.1:5432")
 APP_ROLE = os.environ.get("BATON_TEST_APP_ROLE", "baton_app")

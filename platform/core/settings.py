@@ -54,6 +54,9 @@ class RaySettings(BaseModel):
         "Service, e.g. baton-ray-serve-svc).",
     )
     num_cpus: int = Field(8, ge=1, description="Logical CPUs the local head advertises.")
+    metrics_export_port: int = Field(
+        8090, ge=1, le=65535, description="Port of the local head's metrics agent: Ray's and the vLLM engines' "
+        "Prometheus metrics at http://127.0.0.1:<port>/metrics (`baton up`).")
 
     @property
     def serve_url(self) -> str:

