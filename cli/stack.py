@@ -118,6 +118,22 @@ class Processes:
         (self.run_dir / f"{name}.pid").write_text(str(proc.pid))
         return proc.pid
 
+    def exited(self, name: str) -> bool:
+        """Whether the process ``start`` started under ``name`` has ended (reaped here when it is a child)."""
+        pid = self.pid(name)
+        if pid is None:
+            return True
+        try:
+            return os.waitpid(pid, os.WNOHANG)[0] == pid
+        except ChildProcessError:  # started by an earlier ``up``: alive, as pid() found
+            return False
+
+    def log_tail(self, name: str, lines: int = 5) -> str:
+        try:
+            return "\n".join((self.log_dir / f"{name}.log").read_text(errors="replace").splitlines()[-lines:])
+        except OSError:
+            return ""
+
     def stop(self, name: str, timeout_s: float = 20.0) -> bool:
         pid = self.pid(name)
         (self.run_dir / f"{name}.pid").unlink(missing_ok=True)
@@ -139,11 +155,18 @@ class Processes:
         return True
 
 
-def wait_for(what: str, check: Callable[[], bool], timeout_s: float, interval_s: float = 1.0) -> None:
+def wait_for(what: str, check: Callable[[], bool], timeout_s: float, interval_s: float = 1.0, *,
+             process: tuple[Processes, str] | None = None) -> None:
+    """Polls ``check`` until it holds; fails after ``timeout_s``, or at once when ``process`` (the one that
+    should come up) has exited, with the end of its log."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         if check():
             return
+        if process is not None and process[0].exited(process[1]):
+            procs, name = process
+            raise typer.Exit(_fail(f"{what} exited before it came up; the end of {procs.log_dir / name}.log:\n"
+                                   f"{procs.log_tail(name)}"))
         time.sleep(interval_s)
     raise typer.Exit(_fail(f"{what} did not come up within {timeout_s:.0f} s (logs: var/log/)"))
 
@@ -186,7 +209,7 @@ def start_ray_head(settings: Settings, procs: Processes) -> None:
         "--include-log-monitor=false",
     ], env={**LOOPBACK_ENV, **ray_cluster_env(control_loop_s=CPU_HOST_CONTROL_LOOP_S), STACK_MARK: stack_mark(procs)},
         secrets=False)
-    wait_for("Ray dashboard", lambda: ray_head_running(settings), 180)
+    wait_for("Ray dashboard", lambda: ray_head_running(settings), 180, process=(procs, "ray"))
 
 
 def stack_mark(procs: Processes) -> str:
@@ -406,7 +429,7 @@ def up(
     # a new organisation may call the demo model from its sign-up (no operator grant needed on this machine)
     grants = os.environ.get("BATON_TENANCY__DEFAULT_MODELS", f'["{DEMO_MODEL}", "{EMBED_MODEL}"]')
     procs.start("gateway", [baton, "gateway", "run"], env={"BATON_TENANCY__DEFAULT_MODELS": grants})
-    wait_for("the gateway", lambda: _http_ok(f"{base_url}/healthz"), 60)
+    wait_for("the gateway", lambda: _http_ok(f"{base_url}/healthz"), 60, process=(procs, "gateway"))
     out.print(f"[green]ok[/] gateway and console at {base_url} (worker running)")
 
     token = settings.security.admin_token

@@ -344,8 +344,25 @@ class ServeCluster:
 
 def pytest_configure(config: pytest.Config) -> None:
     # Ray's token auth for every head the session starts and for this process as their driver (an
-    # explicit address never turns it on by itself): ``ray start`` writes the token when there is none.
-    os.environ.setdefault("RAY_AUTH_MODE", "token")
+    # explicit address never turns it on by itself). With it set, ``ray start`` wants a token that is
+    # already there: on a new machine the session writes one where Ray looks (what ``ray.init`` does).
+    if "RAY_AUTH_MODE" not in os.environ:
+        os.environ["RAY_AUTH_MODE"] = "token"
+        _ensure_ray_token()
+
+
+def _ensure_ray_token() -> None:
+    if os.environ.get("RAY_AUTH_TOKEN"):
+        return
+    path = Path(os.environ.get("RAY_AUTH_TOKEN_PATH") or Path.home() / ".ray" / "auth_token")
+    if path.exists() and path.read_text().strip():
+        return
+    import secrets
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(secrets.token_hex(32))
 
 
 def pytest_collection_finish(session: pytest.Session) -> None:

@@ -9,13 +9,19 @@ At the end the run prints the wall time of each stage, with the stages ``scripts
 pytest started (setup, lint, types: ``BATON_TEST_STAGES``, a file of ``name seconds`` lines, and
 ``BATON_TEST_T0``, the run's start in epoch seconds), and warns when the whole run took longer than
 ``BATON_TEST_BUDGET_MIN`` minutes (45): CI allows 90, and every new e2e test takes from the difference.
-The table is written to ``var/test-stages.json`` too.
+The table is written to ``var/test-stages.json`` too, with each module's time (the setup, call and
+teardown of its tests: a module's first setup carries the fixtures it starts, its last teardown the ones
+it stops) and the run's provenance; ``scripts/test-durations`` renders it as the table of
+``docs/testing.md``.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import platform
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -24,6 +30,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 ORDER = ("quick", "browser", "e2e", "chaos", "last")
 BUDGET_MIN = float(os.environ.get("BATON_TEST_BUDGET_MIN", "45"))
+_load_at_start = os.getloadavg()[0]  # the machine's load as pytest started (provenance)
 
 
 def stage_of(item: pytest.Item) -> str:
@@ -48,6 +55,9 @@ class _Clock:
     def __init__(self) -> None:
         self.spans: dict[str, list[float]] = {}
         self.t_pytest = time.time()
+        # module -> {"stage", "tests", "setup", "call", "teardown", "slowest_setup": [test, s]}
+        self.modules: dict[str, dict] = {}
+        self.outcomes: dict[str, int] = {}
 
     def seen(self, stage: str, start: float, end: float) -> None:
         span = self.spans.setdefault(stage, [start, end])
@@ -66,6 +76,38 @@ def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None):  #
     start = time.time()
     yield
     _clock.seen(stage_of(item), start, time.time())
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    module = report.nodeid.split("::", 1)[0]
+    row = _clock.modules.setdefault(module, {"stage": "", "tests": 0, "setup": 0.0, "call": 0.0,
+                                             "teardown": 0.0, "slowest_setup": ["", 0.0]})
+    row[report.when] += report.duration
+    if report.when == "setup":
+        row["tests"] += 1
+        if report.duration > row["slowest_setup"][1]:
+            row["slowest_setup"] = [report.nodeid.split("::", 1)[-1], report.duration]
+    if report.when == "call" or report.outcome != "passed":
+        _clock.outcomes[report.outcome] = _clock.outcomes.get(report.outcome, 0) + 1
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    for item in session.items:
+        module = item.nodeid.split("::", 1)[0]
+        _clock.modules.setdefault(module, {"stage": "", "tests": 0, "setup": 0.0, "call": 0.0, "teardown": 0.0,
+                                           "slowest_setup": ["", 0.0]})["stage"] = stage_of(item)
+
+
+def _provenance() -> dict[str, object]:
+    def git(*args: str) -> str:
+        try:
+            return subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True, timeout=10).stdout.strip()
+        except (OSError, subprocess.SubprocessError):
+            return ""
+
+    return {"commit": git("rev-parse", "HEAD"), "dirty": bool(git("status", "--porcelain", "--untracked-files=no")),
+            "command": " ".join(["pytest", *sys.argv[1:]]), "machine": platform.node(),
+            "cpus": os.cpu_count(), "load_1m_at_start": _load_at_start}
 
 
 def _before_pytest() -> list[tuple[str, float]]:
@@ -102,4 +144,5 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
     out = ROOT / "var" / "test-stages.json"
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps({"stages": dict(rows), "total_s": total, "budget_min": BUDGET_MIN,
+                               "outcomes": _clock.outcomes, "modules": _clock.modules, **_provenance(),
                                "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(now))}, indent=1))
