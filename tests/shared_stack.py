@@ -45,6 +45,7 @@ ROOT = Path(__file__).resolve().parents[1]
 UP_TIMEOUT_S = 1500
 DEPLOY_TIMEOUT_S = 600
 STACK_FIXTURE = "baton_stack"
+STACK_REDIS_URL = "redis://127.0.0.1:6379/9"
 
 
 def free_port() -> int:
@@ -94,6 +95,7 @@ class BatonStack:
     deployment: str = "tiny-llama-pd"
     embed_model: str = "tiny-embed"
     embed_deployment: str = "tiny-embed"
+    stopped: bool = False  #: ``down`` ran once: the head and every app on it were stopped
     _proc: subprocess.Popen[str] | None = field(default=None, repr=False)
     _log: Path | None = None
 
@@ -157,6 +159,13 @@ class BatonStack:
         return out
 
     def down(self) -> subprocess.CompletedProcess[str]:
+        """``baton down``. This process leaves the head first when it is its driver: a driver whose head
+        went away ends its own process once Ray gives up reconnecting (and pytest with it). The apps of
+        the session's own (:func:`fault_stack`) go with the head."""
+        self.stopped = True
+        ray = sys.modules.get("ray")
+        if ray is not None and ray.is_initialized():
+            ray.shutdown()
         if self._proc is not None and self._proc.poll() is None:  # still coming up: stop it first
             with contextlib.suppress(ProcessLookupError):
                 os.kill(self._proc.pid, signal.SIGTERM)
@@ -227,6 +236,9 @@ def _start_stack() -> BatonStack:
         "BATON_RAY__SERVE_HTTP_PORT": str(serve),
         "BATON_RAY__METRICS_EXPORT_PORT": str(metrics),
         "BATON_REDIS__LMCACHE_URL": tier.url,
+        # Celery's broker and the gateway's counters in a Redis database of the stack's own: its worker
+        # must never take the reconcile tasks of the quick and browser tests (their queue is on db 0)
+        "BATON_REDIS__URL": STACK_REDIS_URL,
         "BATON_TELEMETRY__ENABLED": "true",
         "BATON_TELEMETRY__OTLP_ENDPOINT": endpoint,
     }
@@ -443,8 +455,9 @@ def fault_stack(baton_stack: BatonStack, serve_cluster: ServeCluster, tiny_model
     finally:
         if gateway is not None:
             gateway.stop()
-        with contextlib.suppress(Exception):  # not deployed
-            serve_cluster.delete(cfg.app)
+        if not baton_stack.stopped:  # else the app went with the head
+            with contextlib.suppress(Exception):  # not deployed
+                serve_cluster.delete(cfg.app)
         tier.stop()
 
 
