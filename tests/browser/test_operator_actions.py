@@ -132,7 +132,7 @@ def test_the_catalogue_grants_and_policies_are_managed_from_the_console(page, br
     ops.get_by_role("button", name="Create policy").click()
     ops.get_by_label("Policy", exact=True).select_option(label=policy)
     ops.get_by_label("Model", exact=True).select_option(label=name)
-    ops.get_by_role("button", name="Assign").click()
+    ops.get_by_role("button", name="Assign", exact=True).click()
     prow = ops.get_by_role("row", name=re.compile(f"^{policy}"))
     expect(prow).to_contain_text(f"any tenant / {name}")
     ops.once("dialog", lambda d: d.accept())
@@ -142,10 +142,10 @@ def test_the_catalogue_grants_and_policies_are_managed_from_the_console(page, br
     prow.get_by_role("button", name=f"Delete {policy}").click()
     assert policy in asked[-1]
     ops.reload()
-    expect(ops.get_by_role("rowheader", name=policy)).to_have_count(1)
+    expect(ops.get_by_role("rowheader", name=policy, exact=True)).to_have_count(1)
     ops.once("dialog", lambda d: d.accept())
     ops.get_by_role("row", name=re.compile(f"^{policy}")).get_by_role("button", name=f"Delete {policy}").click()
-    expect(ops.get_by_role("rowheader", name=policy)).to_have_count(0)
+    expect(ops.get_by_role("rowheader", name=policy, exact=True)).to_have_count(0)
 
     # a model no deployment uses can go, once confirmed
     ops.get_by_role("link", name="Models").click()

@@ -13,7 +13,6 @@ from tests.shared_stack import Metric, ServeCluster, stack_pids
 
 __all__ = ["Metric", "ServeCluster", "chat", "completion", "kv_keys", "stack_pids", "wait_new_keys"]
 
-REDIS_URL = os.environ.get("BATON_E2E_REDIS_URL", "redis://127.0.0.1:6379")
 # Apps of a test's own run on the session stack's Ray head (tests.shared_stack.serve_cluster); their P/D
 # deployments take NIXL side-channel ports from NIXL_PORT_BASE.
 # The tests use NIXL_PORT_BASE + 0..510 (prefill) and + 2000..2510 (decode). The range stays clear of Ray's
@@ -44,14 +43,13 @@ def chat(base_url: str, content: str, *, max_tokens: int = 16, **extra) -> dict:
 
 
 @pytest.fixture
-def redis_client():
-    redis = pytest.importorskip("redis")
-    client = redis.Redis.from_url(REDIS_URL)
-    try:
-        client.ping()
-    except redis.ConnectionError:
-        pytest.skip(f"no Redis at {REDIS_URL}")
-    return client
+def redis_client(baton_stack):  # type: ignore[no-untyped-def]
+    """The Redis the session stack's replicas and engines write their request facts to."""
+    import redis
+
+    client = redis.Redis.from_url(baton_stack.env["BATON_REDIS__URL"])
+    yield client
+    client.close()
 
 
 def kv_keys(client) -> set[bytes]:
