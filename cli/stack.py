@@ -145,6 +145,9 @@ class Processes:
             return True
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
+            with contextlib.suppress(ChildProcessError):  # a child of this process: reaped, not a zombie
+                if os.waitpid(pid, os.WNOHANG)[0] == pid:
+                    return True
             try:
                 os.kill(pid, 0)
             except ProcessLookupError:

@@ -35,7 +35,7 @@ import statistics
 import time
 import uuid
 from collections import Counter
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any, cast
 
@@ -252,6 +252,11 @@ class LoadDriver:
         while not self.stop.is_set():
             await self.send(rng.randrange(self.load_prompts))
 
+    def add_prompt(self, text: str) -> int:
+        """A prompt the injector sends itself (its baseline is taken after the load); returns its index."""
+        self.prompts.append(text)
+        return len(self.prompts) - 1
+
     def send_extra(self, prompt_idx: int) -> RequestRecord:
         """Sends one request besides the workers' (judged like theirs); its record fills in as it streams."""
         rec = self._record(prompt_idx)
@@ -276,13 +281,18 @@ def _has_content(data: str) -> bool:
 
 # -- baseline -----------------------------------------------------------------------------------------
 
-async def record_baseline(drv: LoadDriver, n: int, log: Log) -> tuple[list[Baseline | None], list[int]]:
-    """Each prompt alone, then all together; returns baselines and the indexes of unstable prompts."""
-    first = [await drv.send(i) for i in range(n)]
-    second = await asyncio.gather(*(drv.send(i) for i in range(n)))
+async def record_baseline(drv: LoadDriver, n: int | Sequence[int], log: Log, *,
+                          keep: list[RequestRecord] | None = None) -> tuple[list[Baseline | None], list[int]]:
+    """Each prompt alone, then all together; returns baselines and the indexes of unstable prompts.
+    ``n``: the first n prompts, or these indexes. The baseline's own records are dropped from the driver's;
+    ``keep``: the records to leave there (None: none)."""
+    idxs = list(range(n)) if isinstance(n, int) else list(n)
+    kept = list(keep or ())
+    first = [await drv.send(i) for i in idxs]
+    second = await asyncio.gather(*(drv.send(i) for i in idxs))
     baselines: list[Baseline | None] = []
     unstable = []
-    for i, (a, b) in enumerate(zip(first, second, strict=True)):
+    for i, a, b in zip(idxs, first, second, strict=True):
         sa, sb = read_stream(a.events), read_stream(b.events)
         ok_a = a.http_status == 200 and sa.done and not sa.errors
         if not ok_a:
@@ -295,9 +305,10 @@ async def record_baseline(drv: LoadDriver, n: int, log: Log) -> tuple[list[Basel
         if text_a != text_b or (ids is not None and sb.ids != ids):
             unstable.append(i)
         baselines.append(Baseline(text=text_a, token_ids=ids))
-    drv.records.clear()
+    own = {id(r) for r in (*first, *second)}
+    drv.records[:] = [r for r in kept if id(r) not in own]
     with_ids = bool(baselines and baselines[0] and baselines[0].token_ids)
-    log(f"baseline: {n} prompts, {len(unstable)} unstable, token ids {'yes' if with_ids else 'no'}")
+    log(f"baseline: {len(idxs)} prompts, {len(unstable)} unstable, token ids {'yes' if with_ids else 'no'}")
     return baselines, unstable
 
 
@@ -318,6 +329,7 @@ class Injector:
         self.faults: list[FaultRecord] = []
         self.background: list[asyncio.Task[None]] = []
         self.pools_healthy_at_end: dict[str, bool] = {}
+        self.variants = 0  #: fresh long prompts sent (each a prompt of the driver's own, after the load's)
         self.serve = None
         token = None
         if ep.dashboard_url:
@@ -459,6 +471,14 @@ class Injector:
         self.background.append(asyncio.create_task(self._resume(f, pids, rep)))
         return f
 
+    def _fresh_long_prompt(self) -> int:
+        """The long prompt behind a mark of its own: no prefix of it is cached anywhere (the
+        baseline run put the plain one in the engines' prefix caches and LMCache), so its prefill really runs
+        the engine steps the gauges can see, instead of one step that ends between two metrics exports."""
+        base = self.drv.prompts[cast(int, self.long_prompt)]
+        self.variants += 1
+        return self.drv.add_prompt(f"Variant {self.variants}. {base}")
+
     async def _victim_in_long_prefill(self, replicas: Callable[[], Awaitable[list[Replica]]]) -> VictimChoice | None:
         """Keeps a long-prompt request waiting for its first token (a new one once the last got it, at most
         :data:`LONG_PROMPT_TRIES`) and accepts a busy prefill replica only while one waits: the fault then
@@ -471,7 +491,7 @@ class Injector:
         async def keep() -> None:
             while len(longs) < LONG_PROMPT_TRIES:
                 if waiting() is None:
-                    longs.append(self.drv.send_extra(cast(int, self.long_prompt)))
+                    longs.append(self.drv.send_extra(self._fresh_long_prompt()))
                 await asyncio.sleep(0.05)
 
         keeper = asyncio.create_task(keep())
@@ -751,6 +771,10 @@ async def _drill(ep: Endpoint, cfg: DrillConfig, log: Log, progress: Progress | 
             injector.close()
         load_s = time.monotonic() - t0
 
+        fresh = list(range(len(base_for_load), len(drv.prompts)))
+        if fresh:  # the injector's fresh long prompts: their baselines now, as the load's were taken before
+            late, late_unstable = await record_baseline(drv, fresh, log, keep=drv.records)
+            base_for_load += [None if i in late_unstable else b for i, b in zip(fresh, late, strict=True)]
         ledger = Ledger(base_for_load)
         for r in drv.records:
             ledger.add(r)
@@ -807,6 +831,8 @@ async def _drill(ep: Endpoint, cfg: DrillConfig, log: Log, progress: Progress | 
             "fresh_ttft_ms_p50": _ttft_ms(drv.records),
         },
         "baseline": {"prompts": len(prompts), "unstable": len(unstable), "long_prompt": long_prompt is not None,
+                     "fresh_long_prompts": len(drv.prompts) - drv.load_prompts - (long_prompt is not None),
+                     "fresh_long_prompts_unstable": sum(b is None for b in base_for_load[drv.load_prompts + 1:]),
                      "token_ids": bool(base_for_load and base_for_load[0] and base_for_load[0].token_ids)},
         "load": {"seconds": round(load_s, 1), "concurrency": cfg.concurrency, "max_tokens": cfg.max_tokens,
                  "requests_per_s": round(summary.sent / load_s, 3) if load_s else None},

@@ -229,7 +229,9 @@ def test_before_a_prefill_fault_the_long_prompt_is_sent_and_the_fault_waits_for_
     inj, drv, killed = _injector(monkeypatch, [rep], metrics, long_prompt=1)
     sent = _fake_long_sends(monkeypatch, drv, order)
     f = asyncio.run(_fire(inj, drv, "kill_prefill", "prefill"))
-    assert order[0] == "send 1" and order[1:] == ["metrics"] * 3 and len(sent) == 1
+    # a fresh variant of the long prompt (index 2, after the load's): no prefix of it is cached anywhere
+    assert order[0] == "send 2" and order[1:] == ["metrics"] * 3 and len(sent) == 1
+    assert drv.prompts[2] == "Variant 1. p1" and drv.load_prompts == 2
     assert killed == [300] and f.victim_busy is True
     assert "long prompt seq 100 waiting for its first token" in f.evidence
 
@@ -250,6 +252,7 @@ def test_a_busy_prefill_after_the_long_prompt_got_its_first_token_is_not_taken(m
     _fake_long_sends(monkeypatch, drv, order, sent)
     f = asyncio.run(_fire(inj, drv, "kill_prefill", "prefill"))
     assert len(sent) == 2 and f.victim_busy is True and killed == [300]
+    assert [r.prompt for r in sent] == [2, 3] and drv.prompts[2:] == ["Variant 1. p1", "Variant 2. p1"]
     assert "long prompt seq 101 waiting for its first token" in f.evidence
 
 

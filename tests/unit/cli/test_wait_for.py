@@ -3,6 +3,7 @@ the end of its log, instead of running out the wait's whole limit."""
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 
@@ -24,10 +25,13 @@ def test_a_process_that_exits_before_it_comes_up_fails_the_wait_at_once(tmp_path
 
 def test_a_process_still_running_is_waited_for(tmp_path: Path) -> None:
     procs = Processes(tmp_path)
-    procs.start("slow", [sys.executable, "-c", "import time; time.sleep(30)"])
+    pid = procs.start("slow", [sys.executable, "-c", "import time; time.sleep(30)"])
     calls = []
     try:
         wait_for("slow", lambda: len(calls.append(1) or calls) >= 3, 60, interval_s=0.05, process=(procs, "slow"))
         assert not procs.exited("slow")
     finally:
-        procs.stop("slow")
+        assert procs.stop("slow")
+    # the child that ended on SIGTERM was reaped by the stop (not taken for alive as a zombie until its limit)
+    with pytest.raises(ChildProcessError):
+        os.waitpid(pid, os.WNOHANG)
