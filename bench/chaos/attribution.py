@@ -72,6 +72,7 @@ def attribute_steps(faults: Sequence[FaultRecord], records: Iterable[RequestReco
         f.needs_step = f.kind in REPLICA_FAULTS
         f.requests_in_flight = [str(r.request_id) for r in recs if in_flight(r, f.t_mono)]
         f.matched_steps = []
+        f.in_flight_steps = {}
     targets = [f for f in fired if f.needs_step]
     for r in recs:
         for st in steps.get(str(r.request_id), ()):
@@ -79,6 +80,11 @@ def attribute_steps(faults: Sequence[FaultRecord], records: Iterable[RequestReco
             if at is None:
                 continue
             t = r.t_send + at
+            for f in targets:
+                if in_flight(r, f.t_mono):
+                    f.in_flight_steps.setdefault(str(r.request_id), []).append(
+                        {"step": name, "outcome": st.get("outcome"), "source": st.get("source"),
+                         "after_fault_s": round(t - f.t_mono, 3)})
             cands = [f for f in targets if answers(f.kind, name) and in_flight(r, f.t_mono)
                      and f.t_mono - slack_s <= t <= f.t_mono + window_s]
             if not cands:

@@ -237,6 +237,9 @@ class FaultRecord:
     """Recovery steps in those requests' records attributed to this fault (:mod:`.attribution`)."""
     needs_step: bool = False
     """A fault that must be answered by a recovery step (kills and stalls of replicas)."""
+    in_flight_steps: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
+    """Every recovery step in the records of the requests open at the fault, with its time from the fault
+    on the client's clock (``after_fault_s``): what an unmatched fault is judged against."""
 
     def to_dict(self) -> dict[str, Any]:
         return {k: v for k, v in self.__dict__.items() if k != "t_mono"}
