@@ -1,0 +1,366 @@
+"""Flow control per model: the gateway's queue between admission (rate limits) and the upstream call.
+
+Limits say how much a tenant may send; they say nothing about who is served first once a model's
+engines are full. Without a queue of the gateway's own, every admitted request waits alike inside Ray
+Serve and vLLM, and one tenant's flood becomes every tenant's TTFT. A :class:`ModelFlow` per model
+decides who goes upstream next:
+
+- **Room** comes from a capacity function (:mod:`baton.api.gateway.capacity`: what the engines report):
+  how many requests the model's pools should hold at once. ``None`` (no report, or one too old to trust)
+  turns the queue off for the model: requests go straight upstream as with limits only, never an outage.
+- **Bands**: a request's band is its tenant's SLO priority (0-100); a higher band always goes first.
+- **Fair share inside a band**: the virtual token counter (VTC) of Sheng et al., "Fairness in Serving
+  Large Language Models" (OSDI 2024). A tenant's counter grows by the tokens it is served, divided by
+  its weight: prompt tokens (``w_p``) when its request goes upstream, generated tokens (``w_q``) as they
+  stream (read live from the request's outcome). The backlogged tenant with the smallest counter goes
+  next; a tenant that joins the backlog is lifted to the smallest counter among those already waiting
+  (or the last dispatched one's), so idle time banks no credit. The paper bounds the service gap of
+  two backlogged tenants by about twice the largest request's cost (``w_p * L_in + w_q * L_out``): a
+  heavy tenant cannot starve a light one. VTC over deficit round robin or weighted fair queueing
+  because those need a request's cost up front, and the generated length is unknown until it ends.
+- **Bounds**: at most ``queue_max`` requests wait per model. A full queue turns away the lowest band's
+  newest waiter for a higher-band arrival, else the arrival; a request that waited ``ttl_s`` leaves.
+  Both are 429 with ``Retry-After`` (back-pressure); 503 only when nothing can serve (no room at all
+  for the whole wait).
+- **Shedding**: a ``sheddable`` request whose predicted TTFT (the wait ahead of it at the measured
+  dispatch rate, plus the measured time to first token upstream) already passes its SLO's TTFT target
+  is refused at once (429), before a non-sheddable request is made to wait behind it.
+
+One process, one fairness: the counters live in this process (the shared view across gateway
+processes is :mod:`baton.api.gateway.capacity`'s concern, not this queue's). Pure asyncio, no I/O; the
+fast path (nothing waiting, room upstream) costs a comparison and two counter updates.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import math
+import time
+import uuid
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from baton.core import errors
+
+#: Prompt and generated tokens' weights in a tenant's counter (VTC's w_p, w_q: a generated token costs
+#: the engine about twice a prompt token's time; the paper's own choice).
+PROMPT_WEIGHT = 1.0
+DECODE_WEIGHT = 2.0
+
+
+@dataclass(frozen=True, slots=True)
+class FlowClass:
+    """How one tenant's traffic on one model is queued (from its SLO policy; defaults: no policy)."""
+
+    name: str = "default"
+    priority: int = 50  #: the band (0-100, higher first)
+    weight: float = 1.0  #: share inside the band, relative to the other tenants' weights
+    sheddable: bool = False
+    ttft_ms: int | None = None  #: the SLO's TTFT target (shedding predicts against it)
+
+
+DEFAULT_CLASS = FlowClass()
+
+
+@dataclass(frozen=True, slots=True)
+class FlowSettings:
+    queue_max: int = 256  #: requests waiting per model, all bands together
+    ttl_s: float = 30.0  #: the longest a request waits for room
+    prompt_weight: float = PROMPT_WEIGHT
+    decode_weight: float = DECODE_WEIGHT
+
+
+class FlowRejected(errors.RateLimitedError):
+    """Back-pressure: the queue is full, the wait passed its TTL, or the SLO cannot be met (429)."""
+
+    code = "model_overloaded"
+    title = "The model is overloaded"
+
+    def __init__(self, message: str, *, reason: str, retry_after_s: float) -> None:
+        super().__init__(message, headers={"retry-after": str(max(1, math.ceil(retry_after_s)))})
+        self.reason = reason
+
+
+class FlowUnavailable(errors.UnavailableError):
+    """Nothing could serve for the whole wait (no room at all): 503."""
+
+    code = "model_unavailable"
+
+
+@dataclass(eq=False, slots=True)
+class Ticket:
+    """One request's place: in a band's queue, then upstream until :meth:`ModelFlow.leave`."""
+
+    tenant: uuid.UUID
+    cls: FlowClass
+    prompt_tokens: int
+    live_tokens: Callable[[], int] = lambda: 0  #: tokens generated so far (the outcome's live count)
+    enqueued: float = 0.0
+    waited_s: float = 0.0
+    state: str = "new"  # new | waiting | running | rejected | done
+    charged_decode: int = 0
+    _future: asyncio.Future[None] | None = field(default=None, repr=False)
+
+
+class _Band:
+    __slots__ = ("last_counter", "priority", "queues")
+
+    def __init__(self, priority: int) -> None:
+        self.priority = priority
+        self.queues: dict[uuid.UUID, deque[Ticket]] = {}
+        self.last_counter = 0.0
+
+    def waiting(self) -> int:
+        return sum(len(q) for q in self.queues.values())
+
+
+class _Rate:
+    """An exponentially weighted rate of events per second (dispatches), and a mean (TTFT seconds)."""
+
+    __slots__ = ("_t", "half_life_s", "value")
+
+    def __init__(self, half_life_s: float = 10.0) -> None:
+        self.half_life_s = half_life_s
+        self.value: float | None = None
+        self._t: float | None = None
+
+    def event(self, now: float) -> None:
+        if self._t is None:
+            self._t = now
+            return
+        dt = max(now - self._t, 1e-3)
+        self._t = now
+        a = 1 - 0.5 ** (dt / self.half_life_s)
+        inst = 1.0 / dt
+        self.value = inst if self.value is None else self.value + a * (inst - self.value)
+
+
+class ModelFlow:
+    """One model's queue in this process. ``capacity()``: requests the pools should hold now, or None."""
+
+    def __init__(self, model: str, capacity: Callable[[], int | None], settings: FlowSettings | None = None,
+                 *, clock: Callable[[], float] = time.monotonic) -> None:
+        self.model = model
+        self.capacity = capacity
+        self.settings = settings or FlowSettings()
+        self.clock = clock
+        self.in_flight = 0
+        self.waiting = 0
+        self._bands: dict[int, _Band] = {}
+        self._running: dict[uuid.UUID, list[Ticket]] = {}
+        self._counters: dict[uuid.UUID, float] = {}
+        self._dispatch_rate = _Rate()
+        self.ttft_s: float | None = None  #: measured upstream time to first token (EWMA)
+        # per-tenant figures, read by the metrics and the console
+        self.shed: dict[tuple[uuid.UUID, str], int] = {}
+        self.served_tokens: dict[uuid.UUID, list[int]] = {}  # tenant -> [prompt, decode]
+
+    # -- the request path ---------------------------------------------------------------------
+
+    async def enter(self, ticket: Ticket) -> None:
+        """Returns once the request may go upstream; raises :class:`FlowRejected` (429) or
+        :class:`FlowUnavailable` (503). A cancelled wait (the client left) gives its place back."""
+        limit = self.capacity()
+        if limit is None or (self.waiting == 0 and self.in_flight < limit):
+            self._start(ticket, waited_s=0.0)
+            return
+        self._admit_to_queue(ticket)
+        loop = asyncio.get_running_loop()
+        fut = ticket._future = loop.create_future()
+        self._dispatch()
+        if ticket.state == "running":
+            return
+        try:
+            await asyncio.wait_for(asyncio.shield(fut), timeout=self.settings.ttl_s)
+        except TimeoutError:
+            if ticket.state == "running":  # dispatched in the same tick as the timeout
+                return
+            self._remove(ticket)
+            self._rejected(ticket, "ttl")
+            if not self.capacity():
+                raise FlowUnavailable(f"The model `{self.model}` has no capacity to serve right now. Retry shortly.",
+                                      headers={"retry-after": "5"}) from None
+            raise FlowRejected(
+                f"The model `{self.model}` is overloaded: the request waited {self.settings.ttl_s:g} s for room. "
+                "Retry later.", reason="ttl", retry_after_s=self.retry_after_s()) from None
+        except asyncio.CancelledError:
+            if ticket.state == "running":
+                self.leave(ticket)
+            else:
+                self._remove(ticket)
+            raise
+        # the future carries a rejection when a higher band took the place (queue full)
+        fut.result()
+
+    def leave(self, ticket: Ticket, completion_tokens: int | None = None) -> None:
+        """The request ended (any way): its generated tokens are charged and its room goes to the next."""
+        if ticket.state != "running":
+            return
+        ticket.state = "done"
+        self.in_flight -= 1
+        running = self._running.get(ticket.tenant)
+        if running is not None:
+            with contextlib.suppress(ValueError):
+                running.remove(ticket)
+            if not running:
+                del self._running[ticket.tenant]
+        tokens = ticket.live_tokens() if completion_tokens is None else completion_tokens
+        self._charge_decode(ticket, tokens)
+        self._dispatch()
+
+    def first_token(self, ttft_s: float) -> None:
+        """The upstream's measured time to first token of a request (for the predicted TTFT)."""
+        self.ttft_s = ttft_s if self.ttft_s is None else self.ttft_s + 0.1 * (ttft_s - self.ttft_s)
+
+    def poke(self) -> None:
+        """Room may have grown (a fresher capacity view): dispatch what fits."""
+        self._dispatch()
+
+    # -- figures --------------------------------------------------------------------------------
+
+    def counter(self, tenant: uuid.UUID) -> float:
+        """The tenant's virtual counter now: what it was served, live tokens of its running requests included."""
+        c = self._counters.get(tenant, 0.0)
+        for t in self._running.get(tenant, ()):
+            c += max(t.live_tokens() - t.charged_decode, 0) * self.settings.decode_weight / t.cls.weight
+        return c
+
+    def retry_after_s(self) -> float:
+        rate = self._dispatch_rate.value
+        if not rate:
+            return 1.0
+        return min(max(self.waiting / rate, 1.0), self.settings.ttl_s)
+
+    def predicted_ttft_s(self, ahead: int) -> float | None:
+        """Wait behind ``ahead`` requests at the measured dispatch rate, plus the upstream TTFT."""
+        rate = self._dispatch_rate.value
+        if not rate or self.ttft_s is None:
+            return None
+        return ahead / rate + self.ttft_s
+
+    def snapshot(self) -> dict[str, object]:
+        return {"model": self.model, "in_flight": self.in_flight, "waiting": self.waiting,
+                "capacity": self.capacity(),
+                "bands": {b.priority: b.waiting() for b in self._bands.values() if b.queues}}
+
+    # -- inside ---------------------------------------------------------------------------------
+
+    def _admit_to_queue(self, ticket: Ticket) -> None:
+        cls = ticket.cls
+        ahead = sum(b.waiting() for p, b in self._bands.items() if p >= cls.priority)
+        if cls.sheddable and cls.ttft_ms is not None:
+            predicted = self.predicted_ttft_s(ahead + 1)
+            if predicted is not None and predicted * 1000 > cls.ttft_ms:
+                self._rejected(ticket, "slo")
+                raise FlowRejected(
+                    f"The model `{self.model}` is overloaded: a request of class `{cls.name}` would wait past its "
+                    f"TTFT target ({cls.ttft_ms} ms). Retry later.", reason="slo", retry_after_s=self.retry_after_s())
+        if self.waiting >= self.settings.queue_max:
+            lowest = min((b for b in self._bands.values() if b.queues), key=lambda b: b.priority)
+            if lowest.priority >= cls.priority:
+                self._rejected(ticket, "queue_full")
+                raise FlowRejected(
+                    f"The model `{self.model}` is overloaded: {self.waiting} requests are waiting. Retry later.",
+                    reason="queue_full", retry_after_s=self.retry_after_s())
+            victim = max((q[-1] for q in lowest.queues.values()), key=lambda t: t.enqueued)
+            self._remove(victim)
+            self._rejected(victim, "queue_full")
+            if victim._future is not None and not victim._future.done():
+                victim._future.set_exception(FlowRejected(
+                    f"The model `{self.model}` is overloaded: higher-priority requests took the queue. Retry later.",
+                    reason="queue_full", retry_after_s=self.retry_after_s()))
+        band = self._bands.get(cls.priority)
+        if band is None:
+            band = self._bands[cls.priority] = _Band(cls.priority)
+        queue = band.queues.get(ticket.tenant)
+        if queue is None:
+            # VTC's lift: a tenant joining the backlog starts at the smallest counter of those waiting
+            others = [self.counter(t) for t in band.queues]
+            floor = min(others) if others else band.last_counter
+            self._counters[ticket.tenant] = max(self._counters.get(ticket.tenant, 0.0), floor)
+            queue = band.queues[ticket.tenant] = deque()
+        queue.append(ticket)
+        ticket.enqueued = self.clock()
+        ticket.state = "waiting"
+        self.waiting += 1
+
+    def _dispatch(self) -> None:
+        while self.waiting:
+            limit = self.capacity()
+            if limit is not None and self.in_flight >= limit:
+                return
+            band = max((b for b in self._bands.values() if b.queues), key=lambda b: b.priority)
+            tenant = min(band.queues, key=self.counter)
+            queue = band.queues[tenant]
+            ticket = queue.popleft()
+            if not queue:
+                del band.queues[tenant]
+            band.last_counter = self.counter(tenant)
+            self.waiting -= 1
+            now = self.clock()
+            self._start(ticket, waited_s=now - ticket.enqueued)
+            self._dispatch_rate.event(now)
+            if ticket._future is not None and not ticket._future.done():
+                ticket._future.set_result(None)
+
+    def _start(self, ticket: Ticket, *, waited_s: float) -> None:
+        ticket.state = "running"
+        ticket.waited_s = waited_s
+        self.in_flight += 1
+        self._running.setdefault(ticket.tenant, []).append(ticket)
+        w = ticket.cls.weight
+        self._counters[ticket.tenant] = (self._counters.get(ticket.tenant, 0.0)
+                                         + ticket.prompt_tokens * self.settings.prompt_weight / w)
+        self.served_tokens.setdefault(ticket.tenant, [0, 0])[0] += ticket.prompt_tokens
+        if waited_s == 0.0:
+            self._dispatch_rate.event(self.clock())
+
+    def _charge_decode(self, ticket: Ticket, tokens: int) -> None:
+        extra = max(tokens - ticket.charged_decode, 0)
+        ticket.charged_decode += extra
+        self._counters[ticket.tenant] = (self._counters.get(ticket.tenant, 0.0)
+                                         + extra * self.settings.decode_weight / ticket.cls.weight)
+        self.served_tokens.setdefault(ticket.tenant, [0, 0])[1] += extra
+
+    def _remove(self, ticket: Ticket) -> None:
+        if ticket.state != "waiting":
+            return
+        band = self._bands.get(ticket.cls.priority)
+        queue = band.queues.get(ticket.tenant) if band is not None else None
+        if band is None or queue is None:
+            return
+        try:
+            queue.remove(ticket)
+        except ValueError:
+            return
+        if not queue:
+            del band.queues[ticket.tenant]
+        self.waiting -= 1
+        ticket.state = "rejected"
+        self._dispatch()
+
+    def _rejected(self, ticket: Ticket, reason: str) -> None:
+        ticket.state = "rejected"
+        key = (ticket.tenant, reason)
+        self.shed[key] = self.shed.get(key, 0) + 1
+
+
+class FlowController:
+    """The process's queues, one per model, made on first use."""
+
+    def __init__(self, capacity: Callable[[str], int | None], settings: FlowSettings | None = None) -> None:
+        self._capacity = capacity
+        self.settings = settings or FlowSettings()
+        self.models: dict[str, ModelFlow] = {}
+
+    def model(self, name: str) -> ModelFlow:
+        flow = self.models.get(name)
+        if flow is None:
+            flow = self.models[name] = ModelFlow(name, lambda: self._capacity(name), self.settings)
+        return flow
+
+    def poke(self) -> None:
+        for flow in self.models.values():
+            flow.poke()

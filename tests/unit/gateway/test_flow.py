@@ -1,0 +1,243 @@
+"""The flow-control queue's rules (baton.api.gateway.flow), on a hand-driven capacity and clock."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+
+import pytest
+
+from baton.api.gateway.flow import FlowClass, FlowRejected, FlowSettings, FlowUnavailable, ModelFlow, Ticket
+
+pytestmark = pytest.mark.anyio
+
+A, B, C = uuid.UUID(int=1), uuid.UUID(int=2), uuid.UUID(int=3)
+
+
+@pytest.fixture
+def anyio_backend() -> str:
+    return "asyncio"
+
+
+class Room:
+    def __init__(self, n: int | None) -> None:
+        self.n = n
+
+    def __call__(self) -> int | None:
+        return self.n
+
+
+def flow(n: int | None, **settings) -> ModelFlow:  # type: ignore[no-untyped-def]
+    return ModelFlow("m", Room(n), FlowSettings(**settings))
+
+
+async def settle() -> None:
+    for _ in range(5):
+        await asyncio.sleep(0)
+
+
+async def test_no_capacity_view_means_no_queue() -> None:
+    f = flow(None)
+    tickets = [Ticket(A, FlowClass(), 10) for _ in range(50)]
+    for t in tickets:
+        await f.enter(t)
+    assert f.in_flight == 50 and f.waiting == 0
+
+
+async def test_a_request_waits_for_room_and_goes_when_one_leaves() -> None:
+    f = flow(1)
+    first, second = Ticket(A, FlowClass(), 10), Ticket(B, FlowClass(), 10)
+    await f.enter(first)
+    task = asyncio.create_task(f.enter(second))
+    await settle()
+    assert not task.done() and f.waiting == 1 and second.state == "waiting"
+    f.leave(first, 5)
+    await task
+    assert second.state == "running" and f.in_flight == 1 and f.waiting == 0
+
+
+async def test_a_higher_band_goes_first() -> None:
+    f = flow(1)
+    running = Ticket(A, FlowClass(), 1)
+    await f.enter(running)
+    low = [Ticket(A, FlowClass(priority=10), 1) for _ in range(3)]
+    high = Ticket(B, FlowClass(priority=90), 1)
+    tasks = [asyncio.create_task(f.enter(t)) for t in low]
+    await settle()
+    tasks.append(asyncio.create_task(f.enter(high)))
+    await settle()
+    f.leave(running, 0)
+    await settle()
+    assert high.state == "running" and all(t.state == "waiting" for t in low)
+
+
+async def test_a_light_tenant_is_not_starved_by_a_heavy_one() -> None:
+    """A keeps 20 requests waiting; B's one request, arriving last, goes next: B's counter is lower."""
+    f = flow(2)
+    heavy = [Ticket(A, FlowClass(), 300) for _ in range(22)]
+    tasks = [asyncio.create_task(f.enter(t)) for t in heavy]
+    await settle()
+    assert f.in_flight == 2 and f.waiting == 20
+    light = Ticket(B, FlowClass(), 20)
+    tasks.append(asyncio.create_task(f.enter(light)))
+    await settle()
+    f.leave(heavy[0], 128)
+    await settle()
+    assert light.state == "running"
+    for t in tasks:
+        t.cancel()
+
+
+async def test_backlogged_tenants_share_tokens_by_weight() -> None:
+    """Two tenants always backlogged, one with twice the weight: served tokens split 2:1 (within 10%)."""
+    f = flow(1)
+    cls_a, cls_b = FlowClass(weight=2.0), FlowClass(weight=1.0)
+    queued: dict[uuid.UUID, list[Ticket]] = {A: [], B: []}
+    tasks = []
+    for _ in range(60):
+        for tenant, cls in ((A, cls_a), (B, cls_b)):
+            t = Ticket(tenant, cls, 100)
+            queued[tenant].append(t)
+            tasks.append(asyncio.create_task(f.enter(t)))
+    await settle()
+    for _ in range(60):  # 60 requests served, each 100 prompt + 50 generated tokens
+        [running] = [t for ts in queued.values() for t in ts if t.state == "running"]
+        f.leave(running, 50)
+        await settle()
+    served = {tenant: f.served_tokens[tenant][0] + 2 * f.served_tokens[tenant][1] for tenant in (A, B)}
+    assert served[A] / served[B] == pytest.approx(2.0, rel=0.1)
+    for t in tasks:
+        t.cancel()
+
+
+async def test_streams_count_by_generated_tokens_as_they_flow() -> None:
+    live = {"n": 0}
+    f = flow(4)
+    stream = Ticket(A, FlowClass(), 10, live_tokens=lambda: live["n"])
+    await f.enter(stream)
+    before = f.counter(A)
+    live["n"] = 100
+    assert f.counter(A) == pytest.approx(before + 200)  # decode weight 2, before the stream ends
+    f.leave(stream)
+    assert f.counter(A) == pytest.approx(before + 200) and f.served_tokens[A] == [10, 100]
+
+
+async def test_a_full_queue_turns_away_the_arrival_with_retry_after() -> None:
+    f = flow(1, queue_max=2)
+    await f.enter(Ticket(A, FlowClass(), 1))
+    tasks = [asyncio.create_task(f.enter(Ticket(A, FlowClass(), 1))) for _ in range(2)]
+    await settle()
+    with pytest.raises(FlowRejected) as err:
+        await f.enter(Ticket(B, FlowClass(), 1))
+    assert err.value.status == 429 and int(err.value.extra["headers"]["retry-after"]) >= 1
+    assert err.value.reason == "queue_full" and f.shed[(B, "queue_full")] == 1
+    for t in tasks:
+        t.cancel()
+
+
+async def test_a_higher_band_arrival_takes_the_place_of_the_lowest_bands_newest() -> None:
+    f = flow(1, queue_max=2)
+    await f.enter(Ticket(A, FlowClass(), 1))
+    old, new = Ticket(A, FlowClass(priority=10), 1), Ticket(A, FlowClass(priority=10), 1)
+    t_old = asyncio.create_task(f.enter(old))
+    await settle()
+    t_new = asyncio.create_task(f.enter(new))
+    await settle()
+    top = Ticket(B, FlowClass(priority=90), 1)
+    t_top = asyncio.create_task(f.enter(top))
+    await settle()
+    with pytest.raises(FlowRejected):
+        await t_new
+    assert top.state == "waiting" and old.state == "waiting" and f.waiting == 2
+    t_old.cancel()
+    t_top.cancel()
+
+
+async def test_a_wait_past_its_ttl_is_429_and_with_no_room_at_all_503() -> None:
+    f = flow(1, ttl_s=0.05)
+    await f.enter(Ticket(A, FlowClass(), 1))
+    with pytest.raises(FlowRejected) as err:
+        await f.enter(Ticket(B, FlowClass(), 1))
+    assert err.value.reason == "ttl" and f.waiting == 0
+    g = flow(0, ttl_s=0.05)
+    with pytest.raises(FlowUnavailable) as down:
+        await g.enter(Ticket(B, FlowClass(), 1))
+    assert down.value.status == 503 and g.waiting == 0
+
+
+async def test_a_sheddable_class_is_shed_when_its_predicted_ttft_misses_the_target() -> None:
+    now = {"t": 0.0}
+    f = ModelFlow("m", Room(1), FlowSettings(), clock=lambda: now["t"])
+    f.first_token(0.2)
+    running = Ticket(A, FlowClass(), 1)
+    await f.enter(running)
+    waiting = []
+    for _i in range(10):  # one dispatch a second: the measured rate
+        now["t"] += 1.0
+        t = Ticket(A, FlowClass(), 1)
+        waiting.append(asyncio.create_task(f.enter(t)))
+        await settle()
+        f.leave(running, 1)
+        await settle()
+        running = t
+    more = [asyncio.create_task(f.enter(Ticket(A, FlowClass(), 1))) for _ in range(5)]
+    await settle()
+    # five ahead at ~1/s: ~5 s to wait, over a 500 ms target
+    with pytest.raises(FlowRejected) as err:
+        await f.enter(Ticket(B, FlowClass(name="batch", sheddable=True, ttft_ms=500), 1))
+    assert err.value.reason == "slo" and "batch" in err.value.message
+    # the same class, not sheddable, waits
+    patient = asyncio.create_task(f.enter(Ticket(B, FlowClass(name="batch", ttft_ms=500), 1)))
+    await settle()
+    assert not patient.done()
+    for t in [*waiting, *more, patient]:
+        t.cancel()
+
+
+async def test_a_client_that_leaves_while_waiting_gives_its_place_back() -> None:
+    f = flow(1)
+    first = Ticket(A, FlowClass(), 1)
+    await f.enter(first)
+    gone, next_ = Ticket(B, FlowClass(), 1), Ticket(C, FlowClass(), 1)
+    t_gone = asyncio.create_task(f.enter(gone))
+    await settle()
+    t_next = asyncio.create_task(f.enter(next_))
+    await settle()
+    t_gone.cancel()
+    await settle()
+    assert f.waiting == 1
+    f.leave(first, 0)
+    await t_next
+    assert next_.state == "running" and f.in_flight == 1
+
+
+async def test_a_tenant_joining_the_backlog_banks_no_credit_for_its_idle_time() -> None:
+    """A was served 20 requests alone; B then queues 10: they alternate from there, B does not take 10 in a row."""
+    f = flow(1)
+    order: list[uuid.UUID] = []
+    tasks, tickets = [], []
+
+    def add(tenant: uuid.UUID) -> None:
+        t = Ticket(tenant, FlowClass(), 100)
+        tickets.append(t)
+        tasks.append(asyncio.create_task(f.enter(t)))
+
+    for _ in range(31):
+        add(A)
+    await settle()
+    for _ in range(20):
+        [running] = [t for t in tickets if t.state == "running"]
+        f.leave(running, 10)
+        await settle()
+    for _ in range(10):
+        add(B)
+    await settle()
+    for _ in range(10):
+        [running] = [t for t in tickets if t.state == "running"]
+        f.leave(running, 10)
+        await settle()
+        [now] = [t for t in tickets if t.state == "running"]
+        order.append(now.tenant)
+    assert order.count(B) <= 6 and order.count(A) >= 4, order
+    for t in tasks:
+        t.cancel()
