@@ -117,7 +117,7 @@ class _Band:
 
 
 class _Rate:
-    """An exponentially weighted rate of events per second (dispatches), and a mean (TTFT seconds)."""
+    """An exponentially weighted rate of events per second (the queue's dispatches)."""
 
     __slots__ = ("_t", "half_life_s", "value")
 
@@ -299,9 +299,7 @@ class ModelFlow:
                 del band.queues[tenant]
             band.last_counter = self.counter(tenant)
             self.waiting -= 1
-            now = self.clock()
-            self._start(ticket, waited_s=now - ticket.enqueued)
-            self._dispatch_rate.event(now)
+            self._start(ticket, waited_s=self.clock() - ticket.enqueued)
             if ticket._future is not None and not ticket._future.done():
                 ticket._future.set_result(None)
 
@@ -314,8 +312,7 @@ class ModelFlow:
         self._counters[ticket.tenant] = (self._counters.get(ticket.tenant, 0.0)
                                          + ticket.prompt_tokens * self.settings.prompt_weight / w)
         self.served_tokens.setdefault(ticket.tenant, [0, 0])[0] += ticket.prompt_tokens
-        if waited_s == 0.0:
-            self._dispatch_rate.event(self.clock())
+        self._dispatch_rate.event(self.clock())  # every start, queued or not: one event each
 
     def _charge_decode(self, ticket: Ticket, tokens: int) -> None:
         extra = max(tokens - ticket.charged_decode, 0)
