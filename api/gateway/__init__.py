@@ -42,6 +42,19 @@ def build_gateway(
     from baton.api.gateway.service import Gateway
 
     g = settings.gateway
+    flow = flow_views = None
+    if g.flow.enabled:
+        from baton.api.gateway.capacity import Capacities, CapacitySettings
+        from baton.api.gateway.flow import FlowController, FlowSettings, ViewPublisher
+
+        f = g.flow
+        flow = FlowController(
+            Capacities(CapacitySettings(initial=f.initial_limit, max_limit=f.max_limit, tolerance=f.tolerance,
+                                        window_s=f.window_s, min_samples=f.min_samples)),
+            FlowSettings(queue_max=f.queue_max, ttl_s=f.ttl_s))
+        flow_views = ViewPublisher(redis, flow)
+        if metrics is not None:
+            metrics.bind_flow(flow)
     secret = settings.security.key_secret.get_secret_value()
     principals = PrincipalCache(partial(load_principal, db, salt_secret=secret), key_secret=secret,
                                 ttl=g.key_cache_ttl_s,
@@ -67,4 +80,6 @@ def build_gateway(
         tracing=tracing,
         metrics=metrics,
         responses=ResponseStore(db, retention_days=g.responses_retention_days),
+        flow=flow,
+        flow_views=flow_views,
     )

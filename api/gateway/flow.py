@@ -5,9 +5,10 @@ engines are full. Without a queue of the gateway's own, every admitted request w
 Serve and vLLM, and one tenant's flood becomes every tenant's TTFT. A :class:`ModelFlow` per model
 decides who goes upstream next:
 
-- **Room** comes from a capacity function (:mod:`baton.api.gateway.capacity`: what the engines report):
-  how many requests the model's pools should hold at once. ``None`` (no report, or one too old to trust)
-  turns the queue off for the model: requests go straight upstream as with limits only, never an outage.
+- **Room** comes from a capacity function (:mod:`baton.api.gateway.capacity`: a limit learned from the
+  latencies the model's requests measure): how many requests the model's pools should hold at once.
+  ``None`` (no view yet) turns the queue off for the model: requests go straight upstream as with
+  limits only, never an outage.
 - **Bands**: a request's band is its tenant's SLO priority (0-100); a higher band always goes first.
 - **Fair share inside a band**: the virtual token counter (VTC) of Sheng et al., "Fairness in Serving
   Large Language Models" (OSDI 2024). A tenant's counter grows by the tokens it is served, divided by
@@ -25,24 +26,37 @@ decides who goes upstream next:
 - **Shedding**: a ``sheddable`` request whose predicted TTFT (the wait ahead of it at the measured
   dispatch rate, plus the measured time to first token upstream) already passes its SLO's TTFT target
   is refused at once (429), before a non-sheddable request is made to wait behind it.
+- **Sparse tenants**: a tenant with nothing running or waiting on the model goes at once, up to a burst
+  over the limit (:meth:`ModelFlow._sparse`), so a light tenant's request never waits for a heavy one's
+  stream to end.
 
-One process, one fairness: the counters live in this process (the shared view across gateway
-processes is :mod:`baton.api.gateway.capacity`'s concern, not this queue's). Pure asyncio, no I/O; the
+One process, one fairness: the counters live in this process (several processes: see
+:mod:`baton.api.gateway.capacity` and ``docs/flow-control.md``). The queue is pure asyncio, no I/O; the
 fast path (nothing waiting, room upstream) costs a comparison and two counter updates.
+:class:`ViewPublisher` writes every queue's view to Redis once a second, off the request path, for the
+operators' view of all gateway processes (:data:`baton.core.contracts.FLOW_VIEW_PREFIX`).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import math
+import os
+import socket
 import time
 import uuid
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
+from baton.api.gateway.capacity import Capacities
 from baton.core import errors
+from baton.core.contracts import FLOW_VIEW_TTL_S, flow_view_key, flow_view_message
+
+log = logging.getLogger(__name__)
 
 #: Prompt and generated tokens' weights in a tenant's counter (VTC's w_p, w_q: a generated token costs
 #: the engine about twice a prompt token's time; the paper's own choice).
@@ -59,6 +73,7 @@ class FlowClass:
     weight: float = 1.0  #: share inside the band, relative to the other tenants' weights
     sheddable: bool = False
     ttft_ms: int | None = None  #: the SLO's TTFT target (shedding predicts against it)
+    tpot_ms: int | None = None  #: the SLO's time per output token (SLO attainment)
 
 
 DEFAULT_CLASS = FlowClass()
@@ -68,6 +83,8 @@ DEFAULT_CLASS = FlowClass()
 class FlowSettings:
     queue_max: int = 256  #: requests waiting per model, all bands together
     ttl_s: float = 30.0  #: the longest a request waits for room
+    #: A sparse tenant's burst over the limit, as a share of it (at least one request; 0: none).
+    sparse_burst: float = 0.25
     prompt_weight: float = PROMPT_WEIGHT
     decode_weight: float = DECODE_WEIGHT
 
@@ -141,9 +158,11 @@ class ModelFlow:
     """One model's queue in this process. ``capacity()``: requests the pools should hold now, or None."""
 
     def __init__(self, model: str, capacity: Callable[[], int | None], settings: FlowSettings | None = None,
-                 *, clock: Callable[[], float] = time.monotonic) -> None:
+                 *, clock: Callable[[], float] = time.monotonic, saturated: Callable[[], None] | None = None) -> None:
         self.model = model
         self.capacity = capacity
+        #: Told each time the limit holds a request back (the capacity's evidence that its limit is in use).
+        self._saturated = saturated or (lambda: None)
         self.settings = settings or FlowSettings()
         self.clock = clock
         self.in_flight = 0
@@ -156,6 +175,10 @@ class ModelFlow:
         # per-tenant figures, read by the metrics and the console
         self.shed: dict[tuple[uuid.UUID, str], int] = {}
         self.served_tokens: dict[uuid.UUID, list[int]] = {}  # tenant -> [prompt, decode]
+        self.queued_s: dict[uuid.UUID, float] = {}  # tenant -> seconds its started requests waited, summed
+        # Jain's index over the tenants backlogged since the last reading: their weighted service then
+        self._window_service: dict[uuid.UUID, float] = {}
+        self._window_backlog: dict[uuid.UUID, int] = {}  # tenant -> band
 
     # -- the request path ---------------------------------------------------------------------
 
@@ -163,9 +186,10 @@ class ModelFlow:
         """Returns once the request may go upstream; raises :class:`FlowRejected` (429) or
         :class:`FlowUnavailable` (503). A cancelled wait (the client left) gives its place back."""
         limit = self.capacity()
-        if limit is None or (self.waiting == 0 and self.in_flight < limit):
+        if limit is None or (self.waiting == 0 and self.in_flight < limit) or self._sparse(ticket, limit):
             self._start(ticket, waited_s=0.0)
             return
+        self._saturated()
         self._admit_to_queue(ticket)
         loop = asyncio.get_running_loop()
         fut = ticket._future = loop.create_future()
@@ -240,12 +264,69 @@ class ModelFlow:
             return None
         return ahead / rate + self.ttft_s
 
-    def snapshot(self) -> dict[str, object]:
-        return {"model": self.model, "in_flight": self.in_flight, "waiting": self.waiting,
-                "capacity": self.capacity(),
-                "bands": {b.priority: b.waiting() for b in self._bands.values() if b.queues}}
+    def waiting_by_band(self) -> dict[int, int]:
+        return {b.priority: b.waiting() for b in self._bands.values()}
+
+    @property
+    def bands_seen(self) -> tuple[int, ...]:
+        return tuple(self._bands)
+
+    def snapshot(self) -> dict[str, Any]:
+        """The queue now, as the operator's view shows it: plain JSON values."""
+        tenants: dict[uuid.UUID, dict[str, Any]] = {}
+
+        def of(tenant: uuid.UUID) -> dict[str, Any]:
+            row = tenants.get(tenant)
+            if row is None:
+                row = tenants[tenant] = {"tenant_id": str(tenant), "running": 0, "waiting": 0, "prompt_tokens": 0,
+                                         "completion_tokens": 0, "queued_s": 0.0, "rejected": {}}
+            return row
+
+        for tenant, running in self._running.items():
+            of(tenant)["running"] = len(running)
+        for band in self._bands.values():
+            for tenant, queue in band.queues.items():
+                of(tenant)["waiting"] += len(queue)
+        for tenant, (prompt, completion) in self.served_tokens.items():
+            row = of(tenant)
+            row["prompt_tokens"], row["completion_tokens"] = prompt, completion
+        for tenant, secs in self.queued_s.items():
+            of(tenant)["queued_s"] = round(secs, 3)
+        for (tenant, reason), n in self.shed.items():
+            of(tenant)["rejected"][reason] = n
+        return {"model": self.model, "limit": self.capacity(), "running": self.in_flight, "waiting": self.waiting,
+                "bands": {str(b.priority): b.waiting() for b in self._bands.values()},
+                "dispatch_per_s": self._dispatch_rate.value, "upstream_ttft_s": self.ttft_s,
+                "tenants": sorted(tenants.values(), key=lambda r: r["tenant_id"])}
+
+    def fairness(self) -> dict[int, float]:
+        """Jain's index per band over the tenants backlogged since the last call, of their weighted service
+        in that time (1: shares exactly by weight; 1/n: one tenant got everything); starts a new window."""
+        bands: dict[int, list[float]] = {}
+        for tenant, band in self._window_backlog.items():
+            bands.setdefault(band, []).append(self._window_service.get(tenant, 0.0))
+        self._window_backlog = {t: b.priority for b in self._bands.values() for t in b.queues}
+        self._window_service = {}
+        out = {}
+        for band, xs in bands.items():
+            if len(xs) >= 2 and any(xs):
+                out[band] = sum(xs) ** 2 / (len(xs) * sum(x * x for x in xs))
+        return out
 
     # -- inside ---------------------------------------------------------------------------------
+
+    def _sparse(self, ticket: Ticket, limit: int) -> bool:
+        """A tenant with nothing running or waiting on the model goes at once, up to a burst over the limit
+        (FQ-CoDel's sparse flows, RFC 8290): a light tenant never waits behind a heavy one's backlog, and a
+        heavy tenant alone still uses the whole limit. Never ahead of a higher band that waits."""
+        burst = self.settings.sparse_burst
+        tenant = ticket.tenant
+        if burst <= 0 or self.in_flight >= limit + max(1, int(limit * burst)) or tenant in self._running:
+            return False
+        for band in self._bands.values():
+            if band.queues and (band.priority > ticket.cls.priority or tenant in band.queues):
+                return False
+        return True
 
     def _admit_to_queue(self, ticket: Ticket) -> None:
         cls = ticket.cls
@@ -281,6 +362,7 @@ class ModelFlow:
             floor = min(others) if others else band.last_counter
             self._counters[ticket.tenant] = max(self._counters.get(ticket.tenant, 0.0), floor)
             queue = band.queues[ticket.tenant] = deque()
+            self._window_backlog[ticket.tenant] = band.priority
         queue.append(ticket)
         ticket.enqueued = self.clock()
         ticket.state = "waiting"
@@ -290,6 +372,7 @@ class ModelFlow:
         while self.waiting:
             limit = self.capacity()
             if limit is not None and self.in_flight >= limit:
+                self._saturated()
                 return
             band = max((b for b in self._bands.values() if b.queues), key=lambda b: b.priority)
             tenant = min(band.queues, key=self.counter)
@@ -308,18 +391,21 @@ class ModelFlow:
         ticket.waited_s = waited_s
         self.in_flight += 1
         self._running.setdefault(ticket.tenant, []).append(ticket)
-        w = ticket.cls.weight
-        self._counters[ticket.tenant] = (self._counters.get(ticket.tenant, 0.0)
-                                         + ticket.prompt_tokens * self.settings.prompt_weight / w)
+        self._serve(ticket.tenant, ticket.prompt_tokens * self.settings.prompt_weight / ticket.cls.weight)
         self.served_tokens.setdefault(ticket.tenant, [0, 0])[0] += ticket.prompt_tokens
+        if waited_s:
+            self.queued_s[ticket.tenant] = self.queued_s.get(ticket.tenant, 0.0) + waited_s
         self._dispatch_rate.event(self.clock())  # every start, queued or not: one event each
 
     def _charge_decode(self, ticket: Ticket, tokens: int) -> None:
         extra = max(tokens - ticket.charged_decode, 0)
         ticket.charged_decode += extra
-        self._counters[ticket.tenant] = (self._counters.get(ticket.tenant, 0.0)
-                                         + extra * self.settings.decode_weight / ticket.cls.weight)
+        self._serve(ticket.tenant, extra * self.settings.decode_weight / ticket.cls.weight)
         self.served_tokens.setdefault(ticket.tenant, [0, 0])[1] += extra
+
+    def _serve(self, tenant: uuid.UUID, cost: float) -> None:
+        self._counters[tenant] = self._counters.get(tenant, 0.0) + cost
+        self._window_service[tenant] = self._window_service.get(tenant, 0.0) + cost
 
     def _remove(self, ticket: Ticket) -> None:
         if ticket.state != "waiting":
@@ -345,19 +431,76 @@ class ModelFlow:
 
 
 class FlowController:
-    """The process's queues, one per model, made on first use."""
+    """The process's queues, one per model, made on first use, each with its model's learned limit."""
 
-    def __init__(self, capacity: Callable[[str], int | None], settings: FlowSettings | None = None) -> None:
-        self._capacity = capacity
+    def __init__(self, capacities: Capacities, settings: FlowSettings | None = None) -> None:
+        self.capacities = capacities
         self.settings = settings or FlowSettings()
         self.models: dict[str, ModelFlow] = {}
 
     def model(self, name: str) -> ModelFlow:
         flow = self.models.get(name)
         if flow is None:
-            flow = self.models[name] = ModelFlow(name, lambda: self._capacity(name), self.settings)
+            lim = self.capacities.model(name)
+            flow = self.models[name] = ModelFlow(name, lim.limit, self.settings, saturated=lim.saturated)
         return flow
 
     def poke(self) -> None:
         for flow in self.models.values():
             flow.poke()
+
+    def view(self) -> list[dict[str, Any]]:
+        """Every model's queue in this process, with its learned limit's evidence."""
+        out = []
+        for name, flow in sorted(self.models.items()):
+            snap = flow.snapshot()
+            lim = self.capacities.models.get(name)
+            if lim is not None:
+                snap["gradient"] = lim.gradient
+                snap["tpot_floor_s"] = lim.tpot.floor.value if lim.tpot.current is not None else None
+                snap["tpot_s"] = lim.tpot.current
+            out.append(snap)
+        return out
+
+
+class ViewPublisher:
+    """Writes this process's :meth:`FlowController.view` to Redis every ``interval_s`` (expiring, so a
+    stopped process drops out); a failed write is logged once and tried again at the next tick."""
+
+    def __init__(self, redis: Any, flow: FlowController, *, interval_s: float = 1.0) -> None:
+        self.redis = redis
+        self.flow = flow
+        self.interval_s = interval_s
+        self.process = f"{socket.gethostname()}:{os.getpid()}"
+        self._task: asyncio.Task[None] | None = None
+        self._failing = False
+
+    async def start(self) -> None:
+        self._task = asyncio.create_task(self._run(), name="flow-view-publisher")
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+            self._task = None
+
+    async def publish(self) -> None:
+        if not self.flow.models:
+            return
+        await self.redis.set(flow_view_key(self.process), flow_view_message(self.process, self.flow.view()),
+                             ex=FLOW_VIEW_TTL_S)
+
+    async def _run(self) -> None:
+        while True:
+            await asyncio.sleep(self.interval_s)
+            try:
+                await self.publish()
+                self._failing = False
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # Redis away: the operators' view is stale, serving goes on
+                if not self._failing:
+                    log.warning("flow view not published (%s); retrying every %.0f s", type(exc).__name__,
+                                self.interval_s)
+                self._failing = True

@@ -68,6 +68,13 @@ class Outcome:
     facts_merged: bool = False  # data-plane facts read (api/gateway/facts.py)
     recovery_steps: list[dict[str, Any]] = field(default_factory=list)  # RecoveryStep JSON, in order taken
     phases: list[dict[str, Any]] | None = None  # Phase JSON from the decode server's facts (its measured phases)
+    queue_ms: float | None = None  # the wait in the flow-control queue (None: flow control off)
+    flow_class: str | None = None  # the SLO class it was queued as
+    flow_band: int | None = None  # and its band
+    slo_ttft_ms: int | None = None  # that class's targets (SLO attainment in the metrics)
+    slo_tpot_ms: int | None = None
+    dispatch_pc: float | None = None  # perf_counter when it left the queue for the upstream
+    ticket: Any = None  # its flow-control place while it runs (baton.api.gateway.flow.Ticket)
 
     def step(self, name: StepName, started_pc: float, outcome: StepOutcome, detail: str) -> None:
         """Records one recovery step the gateway took (``decode_resume``, ``aggregated_fallback``)."""
@@ -95,6 +102,7 @@ class Outcome:
             "ttft_ms": ttft_ms, "tpot_ms": tpot_ms, "itl_p50_ms": p50, "itl_p99_ms": p99, "e2e_ms": e2e_ms,
             "trace_id": self.trace_id, "started_at": started, "kv_bytes": self.kv_bytes,
             "handoff_ms": self.handoff_ms, "recovery_steps": list(self.recovery_steps), "phases": self.phases,
+            "queue_ms": self.queue_ms, "flow_class": self.flow_class,
             "finished_at": started + dt.timedelta(milliseconds=e2e_ms),
         }
         usage = None

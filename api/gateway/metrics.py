@@ -8,7 +8,7 @@ benchmarks) do not collide.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
@@ -43,6 +43,26 @@ class GatewayMetrics:
                                     ["model"], buckets=_LATENCY, registry=r)
         self.recovery = Counter("baton_recovery_events", "Steps of the recovery ladder run.",
                                 ["model", "step", "outcome"], registry=r)
+        self.flow_queue = Histogram("baton_flow_queue_seconds", "Time a request waited in its model's flow-control "
+                                    "queue before going upstream.", ["tenant", "model", "slo_class"],
+                                    buckets=_LATENCY, registry=r)
+        self.flow_rejected = Counter("baton_flow_rejected", "Requests flow control refused: queue_full, ttl, slo "
+                                     "(429 with Retry-After), unavailable (503).", ["tenant", "model", "reason"],
+                                     registry=r)
+        self.flow_tokens = Counter("baton_flow_tokens", "Tokens served under flow control: prompt (prefill) and "
+                                   "completion (decode) apart.", ["tenant", "model", "kind"], registry=r)
+        self.flow_slo = Counter("baton_flow_slo_requests", "Completed requests of a band judged against their SLO "
+                                "class.", ["model", "band", "attained"], registry=r)
+        self.flow_waiting = Gauge("baton_flow_waiting", "Requests waiting in the model's queue (this process).",
+                                  ["model", "band"], registry=r)
+        self.flow_limit = Gauge("baton_flow_limit", "The model's learned concurrency limit (this process; -1: no "
+                                "view yet, limits only).", ["model"], registry=r)
+        self.flow_running = Gauge("baton_flow_running", "Requests of the model upstream, dispatched by this process.",
+                                  ["model"], registry=r)
+        self.flow_fairness = Gauge("baton_flow_fairness", "Jain's index of weighted token service over the tenants "
+                                   "backlogged in a band since the last scrape (1: exactly by weight).",
+                                   ["model", "band"], registry=r)
+        self._flow: Any = None
         self.pool_replicas = Gauge("baton_pool_replicas", "Engine replicas of a deployment's pool.",
                                    ["deployment", "pool", "state"], registry=r)
 
@@ -55,9 +75,23 @@ class GatewayMetrics:
     def rejected(self, tenant: str, model: str) -> None:
         self.requests.labels(tenant, model, "rejected").inc()
 
+    def bind_flow(self, flow: Any) -> None:
+        """The gateway's :class:`~baton.api.gateway.flow.FlowController`, read at each scrape."""
+        self._flow = flow
+
+    def flow_rejected_by(self, tenant: object, model: str, reason: str) -> None:
+        self.flow_rejected.labels(str(tenant), model, reason).inc()
+
     def observe(self, o: Outcome, *, slo_ttft_ms: float | None = None, slo_tpot_ms: float | None = None) -> None:
         """One request's final figures (called once per request, off the stream)."""
         tenant, model = str(o.tenant_id), o.model
+        if slo_ttft_ms is None:
+            slo_ttft_ms, slo_tpot_ms = o.slo_ttft_ms, o.slo_tpot_ms
+        if o.queue_ms is not None and o.dispatch_pc is not None:
+            self.flow_queue.labels(tenant, model, o.flow_class or "default").observe(o.queue_ms / 1000)
+            if o.metered:
+                self.flow_tokens.labels(tenant, model, "prompt").inc(o.prompt_tokens)
+                self.flow_tokens.labels(tenant, model, "completion").inc(o.completion_tokens)
         self.requests.labels(tenant, model, o.status.value).inc()
         ttft_s = (o.first_token - o.start_pc) if o.first_token is not None else None
         if ttft_s is not None:
@@ -80,6 +114,21 @@ class GatewayMetrics:
                 slo_tpot_ms is None or tpot_s is None or tpot_s * 1000 <= slo_tpot_ms
             )
             self.slo.labels(tenant, model, "true" if met else "false").inc()
+            if o.flow_band is not None:
+                self.flow_slo.labels(model, str(o.flow_band), "true" if met else "false").inc()
 
     def exposition(self) -> bytes:
+        if self._flow is not None:
+            self._read_flow(self._flow)
         return generate_latest(self.registry)
+
+    def _read_flow(self, controller: Any) -> None:
+        for name, flow in list(controller.models.items()):
+            limit = flow.capacity()
+            self.flow_limit.labels(name).set(-1 if limit is None else limit)
+            self.flow_running.labels(name).set(flow.in_flight)
+            waiting = flow.waiting_by_band()
+            for band in {*waiting, *flow.bands_seen}:
+                self.flow_waiting.labels(name, str(band)).set(waiting.get(band, 0))
+            for band, index in flow.fairness().items():
+                self.flow_fairness.labels(name, str(band)).set(index)

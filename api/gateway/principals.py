@@ -26,9 +26,11 @@ import logging
 import time
 import uuid
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from types import MappingProxyType
 from typing import Any
 
+from baton.api.gateway.flow import DEFAULT_CLASS, FlowClass
 from baton.api.gateway.ratelimit import Limits, LimitScope
 from baton.core import errors
 from baton.core import models as m
@@ -66,6 +68,11 @@ class Principal:
     models: Mapping[str, ModelGrant]
     limit_scopes: tuple[LimitScope, ...]
     cache_salt: str
+    #: model name -> how its requests are queued (the tenant's effective SLO policy on it); absent: default
+    classes: Mapping[str, FlowClass] = field(default_factory=lambda: MappingProxyType({}))
+
+    def flow_class(self, model: str) -> FlowClass:
+        return self.classes.get(model, DEFAULT_CLASS)
 
     def check(self, now: float) -> None:
         """Raises the client error for a key that may not be used now."""
@@ -103,6 +110,14 @@ def load_principal(db: Database, key_hash: bytes, salt_secret: str) -> Principal
                                bool(g.tool_call_parser))
             for g in granted if not scope or g.name in scope
         }
+        classes: dict[str, FlowClass] = {}
+        for g in granted:
+            if g.name in models:
+                policy = uow.slo_assignments.effective(key.tenant_id, g.id)
+                if policy is not None:
+                    classes[g.name] = FlowClass(name=policy.name, priority=policy.priority,
+                                                weight=float(policy.weight), sheddable=policy.sheddable,
+                                                ttft_ms=policy.ttft_ms, tpot_ms=policy.tpot_ms)
         scopes: list[LimitScope] = []
         for row in limits:
             lim = Limits(row.requests_per_minute, row.tokens_per_minute, row.max_concurrency)
@@ -119,6 +134,7 @@ def load_principal(db: Database, key_hash: bytes, salt_secret: str) -> Principal
             models=models,
             limit_scopes=tuple(scopes),
             cache_salt=cache_salt(salt_secret, key.tenant_id),
+            classes=MappingProxyType(classes),
         )
 
 

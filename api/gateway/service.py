@@ -2,8 +2,9 @@
 
 Per request, in order: key -> principal (cached), model grant, parameter checks, prompt length against
 the model's context, route to an upstream, rate-limit admission (requests, tokens reserved as
-prompt + max_tokens, concurrency), the upstream call with the tenant's ``cache_salt``, the relay, and
-one outcome for metering and for correcting the token reservation.
+prompt + max_tokens, concurrency), the model's flow-control queue (:mod:`baton.api.gateway.flow`: who
+goes upstream next when the pools are full), the upstream call with the tenant's ``cache_salt``, the
+relay, and one outcome for metering, for correcting the token reservation and for the queue's counters.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ import orjson
 from starlette.responses import Response
 
 from baton.api.gateway import tracing as gw_tracing
+from baton.api.gateway.flow import FlowController, FlowRejected, Ticket, ViewPublisher
 from baton.api.gateway.metering import Outcome, UsageMeter
 from baton.api.gateway.metrics import GatewayMetrics
 from baton.api.gateway.principals import InvalidationListener, ModelGrant, Principal, PrincipalCache
@@ -168,8 +170,13 @@ class Gateway:
         tracing: t.Tracing | None = None,
         metrics: GatewayMetrics | None = None,
         responses: ResponseStore | None = None,
+        flow: FlowController | None = None,
+        flow_views: ViewPublisher | None = None,
     ) -> None:
         self.principals = principals
+        #: Flow control per model (None: off, requests go upstream as soon as the limits admit them).
+        self.flow = flow
+        self.flow_views = flow_views
         #: Stored ``/v1/responses`` answers (None: ``store`` and ``previous_response_id`` answer 503).
         self.responses = responses
         self.listener = listener
@@ -197,6 +204,8 @@ class Gateway:
         await self.limiter.start()
         if self.listener is not None:
             await self.listener.start()
+        if self.flow_views is not None:
+            await self.flow_views.start()
 
     async def stop(self) -> None:
         """Stops the background parts in turn, each given at most ``STOP_LIMIT_S`` (the meter its drain
@@ -204,6 +213,8 @@ class Gateway:
         parts: list[tuple[str, Any]] = []
         if self.listener is not None:
             parts.append(("key invalidation listener", self.listener.stop()))
+        if self.flow_views is not None:
+            parts.append(("flow view publisher", self.flow_views.stop()))
         parts += [("rate limiter", self.limiter.stop()), ("usage meter", self.meter.stop()),
                   ("key last-use recorder", self.principals.stop())]
         for name, stop in parts:
@@ -315,6 +326,8 @@ class Gateway:
         outcome, tp = self._outcome(principal, call, request_id, admitted.upstream, span=span,
                                     traceparent=traceparent)
         headers = {"x-request-id": f"req-{request_id.hex}", **admitted.headers}
+        if self.flow is not None:
+            await self._queue(principal, call, outcome, admitted.lease)
         attempts = self._attempts(call, admitted, outcome, upstream_headers(request_id.hex, tp, stream=call.stream))
         lease = admitted.lease
         try:
@@ -338,6 +351,41 @@ class Gateway:
                                  client_ids=admitted.client_ids, token_stall_s=self.token_stall_s)
         return SSERelay(response, outcome, strip_usage=not admitted.client_usage, headers=sse_headers(headers),
                         done=done)
+
+    async def _queue(self, principal: Principal, call: Call, outcome: Outcome, lease: Lease | None) -> None:
+        """Waits for the model's room in its flow-control queue (the ``flow.queue`` span); a refusal (429, or
+        503 when nothing can serve) or a client that left ends the request here, recorded."""
+        assert self.flow is not None
+        cls = principal.flow_class(call.grant.name)
+        flow = self.flow.model(call.grant.name)
+        ticket = Ticket(principal.tenant_id, cls, call.prompt_tokens, live_tokens=lambda: outcome.completion_tokens)
+        outcome.flow_class, outcome.flow_band = cls.name, cls.priority
+        outcome.slo_ttft_ms, outcome.slo_tpot_ms = cls.ttft_ms, cls.tpot_ms
+        start_ns = time.time_ns() if outcome.span is not None else 0
+        q0 = time.perf_counter()
+        refused: errors.BatonError | None = None
+        try:
+            await flow.enter(ticket)
+        except errors.BatonError as exc:
+            refused = exc
+        except BaseException:
+            outcome.queue_ms = (time.perf_counter() - q0) * 1000
+            self._end(outcome, lease, m.RequestStatus.CANCELLED, 499, "client_disconnected")
+            raise
+        finally:
+            if outcome.span is not None and self.tracer is not None:
+                gw_tracing.child(self.tracer, outcome.span, t.SPAN_FLOW_QUEUE, start_ns, time.time_ns(), attributes={
+                    t.ATTR_FLOW_CLASS: cls.name, t.ATTR_FLOW_BAND: cls.priority,
+                    t.ATTR_FLOW_OUTCOME: ticket.state if refused is None else getattr(refused, "reason", refused.code)})
+        outcome.queue_ms = (time.perf_counter() - q0) * 1000
+        if refused is not None:
+            if self.metrics is not None:
+                self.metrics.flow_rejected_by(principal.tenant_id, call.grant.name,
+                                           refused.reason if isinstance(refused, FlowRejected) else "unavailable")
+            self._end(outcome, lease, m.RequestStatus.FAILED, refused.status, refused.code)
+            raise refused
+        outcome.dispatch_pc = time.perf_counter()
+        outcome.ticket = ticket
 
     def _attempts(self, call: Call, admitted: _Admitted, outcome: Outcome, sent_headers: dict[str, str]) -> Attempts:
         """The request's upstream calls: to its deployment's pool, raced against the fallback pool if it has one."""
@@ -436,6 +484,10 @@ class Gateway:
             self.metrics.finished(outcome.model)
         actual = outcome.prompt_tokens + outcome.completion_tokens if outcome.metered else 0
         self.limiter.finish(lease, actual)
+        ticket = outcome.ticket
+        if ticket is not None and self.flow is not None:
+            outcome.ticket = None
+            self._left_queue(outcome, ticket)
         span = outcome.span
         if span is not None and self.tracer is not None:
             try:
@@ -443,6 +495,27 @@ class Gateway:
                 outcome.span = None
             except Exception:  # tracing never breaks serving
                 log.debug("span of %s not finished", outcome.request_id, exc_info=True)
+
+
+    def _left_queue(self, outcome: Outcome, ticket: Ticket) -> None:
+        """The request's room goes back to its model's queue, its tokens to its tenant's counter, and a
+        completed stream's latencies after dispatch to the model's learned limit."""
+        assert self.flow is not None
+        flow = self.flow.model(outcome.model)
+        flow.leave(ticket, outcome.completion_tokens)
+        if (outcome.status is not m.RequestStatus.COMPLETED or not outcome.stream or outcome.dispatch_pc is None
+                or outcome.recovery_steps):  # a recovered request's latency measures the failure, not the load
+            flow.poke()
+            return
+        ttft_s = outcome.first_token - outcome.dispatch_pc if outcome.first_token is not None else None
+        tpot_s = None
+        if outcome.first_token is not None and outcome.completion_tokens > 1:
+            tpot_s = (outcome.end_pc - outcome.first_token) / (outcome.completion_tokens - 1)
+        if ttft_s is not None:
+            flow.first_token(ttft_s)
+        self.flow.capacities.model(outcome.model).observe(prompt_tokens=outcome.prompt_tokens, ttft_s=ttft_s,
+                                                          tpot_s=tpot_s)
+        flow.poke()
 
 
 def upstream_body(call: Call, salt: str) -> tuple[bytes, bool]:

@@ -25,6 +25,9 @@ dropped, never the request) and writers go through the typed classes.
 - **Cache invalidations.** The control plane publishes on the Redis channel :data:`INVALIDATION_CHANNEL`
   what every gateway process must forget at once (a key, a tenant, or everything): written with
   :func:`invalidation_message`, read with :func:`parse_invalidation`.
+- **Flow-control views.** Each gateway process writes its queues (limit, waiting per band, per-tenant
+  figures) under :func:`flow_view_key` every second (:func:`flow_view_message`, read with
+  :func:`parse_flow_view`); the operators' view merges every process's.
 - **KV size.** :func:`kv_bytes` is the seed's formula, ``2 x layers x kv_heads x head_dim x tokens x
   bytes``, and :data:`DTYPE_BYTES` the one table of element sizes (:func:`dtype_bytes`).
 
@@ -445,6 +448,38 @@ def parse_invalidation(message: bytes | str) -> tuple[str, uuid.UUID | None] | N
         return data["kind"], uuid.UUID(id_) if id_ else None
     except (ValueError, TypeError, AttributeError):  # not JSON, or an id that is not a UUID's text
         return None
+
+
+# --- flow-control views ----------------------------------------------------------------------------
+
+#: Each gateway process writes its flow-control queues (one JSON list of model views, as
+#: ``baton.api.gateway.flow.FlowController.view`` makes them) to ``FLOW_VIEW_PREFIX + <process id>``,
+#: expiring after :data:`FLOW_VIEW_TTL_S`: a process that stopped drops out of the operators' view by itself.
+FLOW_VIEW_PREFIX = "baton:flow:view:"
+FLOW_VIEW_TTL_S = 10
+
+
+def flow_view_key(process: str) -> str:
+    return FLOW_VIEW_PREFIX + process
+
+
+def flow_view_message(process: str, models: list[dict[str, Any]]) -> bytes:
+    """The stored form of one process's view: ``{"process": ..., "models": [...]}`` as JSON."""
+    return json.dumps({"process": process, "models": models}, separators=(",", ":")).encode()
+
+
+def parse_flow_view(message: bytes | str | None) -> tuple[str, list[dict[str, Any]]] | None:
+    """``(process, model views)`` of one stored view; None when it is missing or malformed."""
+    if message is None:
+        return None
+    try:
+        data = json.loads(message)
+    except ValueError:
+        return None
+    if not isinstance(data, dict) or not isinstance(data.get("process"), str) or not isinstance(
+            data.get("models"), list):
+        return None
+    return data["process"], [v for v in data["models"] if isinstance(v, dict)]
 
 
 # --- replica environment ----------------------------------------------------------------------------

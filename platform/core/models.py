@@ -364,6 +364,8 @@ class SloPolicy(Base):
     percentile: Mapped[float] = mapped_column(Numeric(5, 2), nullable=False, server_default=text("99"))
     priority: Mapped[int] = mapped_column(Integer, nullable=False, server_default=text("0"))
     sheddable: Mapped[bool] = mapped_column(Boolean, nullable=False, server_default=text("false"))
+    #: The policy's tenants' share of their band's tokens under flow control, relative to the others' (1 = equal).
+    weight: Mapped[float] = mapped_column(Float, nullable=False, server_default=text("1"))
     version: Mapped[int] = mapped_column(Integer, nullable=False, server_default=text("1"))
     created_at: Mapped[dt.datetime] = _created_at()
     updated_at: Mapped[dt.datetime] = _updated_at()
@@ -373,6 +375,7 @@ class SloPolicy(Base):
         CheckConstraint("ttft_ms > 0 AND tpot_ms > 0", name="targets_positive"),
         CheckConstraint("percentile > 0 AND percentile <= 100", name="percentile_range"),
         CheckConstraint("priority BETWEEN 0 AND 100", name="priority_range"),
+        CheckConstraint("weight > 0 AND weight <= 100", name="weight_range"),
     )
 
 
@@ -560,6 +563,10 @@ class RequestRecord(Base):
     #: None where it posted none (aggregated serving, Ray's own P/D flow, records from before 0002).
     phases: Mapped[list[dict[str, Any]] | None] = mapped_column(JSONB(none_as_null=True))
     trace_id: Mapped[str | None] = mapped_column(String(32), index=True)
+    #: Time the request waited in the gateway's flow-control queue (None: flow control off, records before 0006).
+    queue_ms: Mapped[float | None] = mapped_column(Float)
+    #: The SLO class it was queued as (its policy's name, ``default`` without one).
+    flow_class: Mapped[str | None] = mapped_column(String(100))
     started_at: Mapped[dt.datetime] = mapped_column(DateTime(timezone=True), nullable=False)
     finished_at: Mapped[dt.datetime] = mapped_column(DateTime(timezone=True), nullable=False)
 

@@ -63,6 +63,23 @@ class RaySettings(BaseModel):
         return f"http://{self.serve_host}:{self.serve_http_port}"
 
 
+class FlowControlSettings(BaseModel):
+    """The gateway's queue per model between rate limits and the engines (``docs/flow-control.md``)."""
+
+    enabled: bool = Field(True, description="Queue requests per model when its pools are full: priority bands "
+                          "from SLO policies, fair share by tokens inside a band, SLO shedding. Off: limits only.")
+    queue_max: int = Field(256, ge=1, description="Requests waiting per model and process, all bands together; "
+                           "beyond it the lowest band's newest waiter (or the arrival) gets 429.")
+    ttl_s: float = Field(30.0, gt=0, description="The longest a request waits for room before its 429.")
+    initial_limit: int = Field(8, ge=1, description="A model's concurrency limit when it first has a view.")
+    max_limit: int = Field(256, ge=1, description="The largest concurrency limit a model's pools may learn.")
+    tolerance: float = Field(1.3, gt=1, description="Latency (time per output token, time to first token) over "
+                             "this multiple of its floor shrinks the model's concurrency limit.")
+    window_s: float = Field(300.0, gt=0, description="A latency floor is the smallest of the last two windows.")
+    min_samples: int = Field(8, ge=1, description="Completed requests of a model before its limit applies "
+                             "(before: no queue, limits only).")
+
+
 class GatewaySettings(BaseModel):
     host: str = Field("127.0.0.1", description="Bind address.")
     port: int = Field(8000, description="Bind port of the gateway and console.")
@@ -135,6 +152,7 @@ class GatewaySettings(BaseModel):
         5.0, gt=0, description="How often the keys that authenticated are written as `api_keys.last_used_at` "
         "(one UPDATE per process and period, never on the request path; also on shutdown)."
     )
+    flow: FlowControlSettings = Field(default_factory=FlowControlSettings)
 
 
 class SecuritySettings(BaseModel):

@@ -29,6 +29,7 @@ from baton.core.settings import TelemetrySettings
 SPAN_GATEWAY_REQUEST = "gateway.request"
 SPAN_GATEWAY_AUTH = "gateway.auth"
 SPAN_GATEWAY_RATELIMIT = "gateway.ratelimit"
+SPAN_FLOW_QUEUE = "flow.queue"
 SPAN_PREFILL = "dataplane.prefill"
 SPAN_KV_HANDOFF = "dataplane.kv_handoff"
 SPAN_DECODE = "dataplane.decode"
@@ -38,6 +39,9 @@ RECOVERY_PREFIX = "recovery."
 
 ATTR_TENANT = "baton.tenant_id"
 ATTR_DEPLOYMENT = "baton.deployment"
+ATTR_FLOW_CLASS = "baton.flow.class"  # the SLO class a request was queued as
+ATTR_FLOW_BAND = "baton.flow.band"  # its priority band
+ATTR_FLOW_OUTCOME = "baton.flow.outcome"  # running (went upstream), or why it was refused
 ATTR_MODEL = "gen_ai.request.model"
 ATTR_INPUT_TOKENS = "gen_ai.usage.input_tokens"
 ATTR_OUTPUT_TOKENS = "gen_ai.usage.output_tokens"

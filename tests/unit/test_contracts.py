@@ -169,6 +169,14 @@ def test_an_invalidation_reads_back_as_written_and_a_malformed_one_as_none() -> 
         assert c.parse_invalidation(bad) is None, bad
 
 
+def test_a_flow_view_reads_back_as_written_and_a_malformed_one_as_none() -> None:
+    models = [{"model": "m", "limit": 4, "waiting": 2, "tenants": []}]
+    assert c.parse_flow_view(c.flow_view_message("host:1", models)) == ("host:1", models)
+    assert c.flow_view_key("host:1").startswith(c.FLOW_VIEW_PREFIX)
+    for bad in (None, b"", b"not json", b"[]", b'{"process": 1, "models": []}', b'{"process": "p", "models": {}}'):
+        assert c.parse_flow_view(bad) is None, bad
+
+
 # --- (c) one definition each: nothing outside the contracts module spells them --------------------------
 
 DTYPE_NAMES = {"float32", "float", "fp32", "float16", "fp16", "half", "bfloat16", "bf16", "fp8", "float8",
@@ -201,7 +209,7 @@ def _ident(node: ast.expr) -> str:
 
 def contract_copies(root: Path) -> list[str]:
     """Each place outside the contracts module that spells a contract of its own: the fact key prefix, the
-    invalidation channel, a replica environment name, a dtype-size table, the KV-size formula."""
+    invalidation channel, the flow view key, a replica environment name, a dtype-size table, the KV-size formula."""
     found: list[str] = []
     for top in SCANNED:
         for path in sorted((root / top).rglob("*.py")):
@@ -219,6 +227,8 @@ def contract_copies(root: Path) -> list[str]:
                         found.append(f"{where}: the fact key {text!r}")
                     if c.INVALIDATION_CHANNEL in text:
                         found.append(f"{where}: the invalidation channel {text!r}")
+                    if c.FLOW_VIEW_PREFIX in text:
+                        found.append(f"{where}: the flow view key {text!r}")
                     names = set(re.findall(r"BATON_[A-Z0-9_]+", text))
                     if any(n.startswith(ENV_PREFIXES) for n in names) or names & ENV_EXACT:
                         found.append(f"{where}: a replica environment name {text!r}")

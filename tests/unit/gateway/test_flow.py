@@ -28,6 +28,8 @@ class Room:
 
 
 def flow(n: int | None, **settings) -> ModelFlow:  # type: ignore[no-untyped-def]
+    """A queue of ``n`` places; no sparse burst unless asked (these tests are about the queue's order)."""
+    settings.setdefault("sparse_burst", 0.0)
     return ModelFlow("m", Room(n), FlowSettings(**settings))
 
 
@@ -167,7 +169,7 @@ async def test_a_wait_past_its_ttl_is_429_and_with_no_room_at_all_503() -> None:
 
 async def test_a_sheddable_class_is_shed_when_its_predicted_ttft_misses_the_target() -> None:
     now = {"t": 0.0}
-    f = ModelFlow("m", Room(1), FlowSettings(), clock=lambda: now["t"])
+    f = ModelFlow("m", Room(1), FlowSettings(sparse_burst=0.0), clock=lambda: now["t"])
     f.first_token(0.2)
     running = Ticket(A, FlowClass(), 1)
     await f.enter(running)
@@ -239,5 +241,66 @@ async def test_a_tenant_joining_the_backlog_banks_no_credit_for_its_idle_time() 
         [now] = [t for t in tickets if t.state == "running"]
         order.append(now.tenant)
     assert order.count(B) <= 6 and order.count(A) >= 4, order
+    for t in tasks:
+        t.cancel()
+
+
+async def test_a_sparse_tenant_goes_at_once_up_to_a_burst_over_the_limit() -> None:
+    """A fills the limit and queues more; B and C, with nothing running, go at once (burst 1 of 4 places),
+    D waits; a tenant already running waits like everyone else."""
+    f = flow(4, sparse_burst=0.25)
+    heavy = [Ticket(A, FlowClass(), 300) for _ in range(6)]
+    tasks = [asyncio.create_task(f.enter(t)) for t in heavy]
+    await settle()
+    assert f.in_flight == 4 and f.waiting == 2
+    light = Ticket(B, FlowClass(), 20)
+    await f.enter(light)  # returns at once: nothing of B's runs or waits
+    assert light.state == "running" and light.waited_s == 0 and f.in_flight == 5
+    again = asyncio.create_task(f.enter(Ticket(B, FlowClass(), 20)))
+    late = asyncio.create_task(f.enter(Ticket(C, FlowClass(), 20)))
+    await settle()
+    assert not again.done() and not late.done() and f.in_flight == 5  # B runs already; the burst is spent
+    for t in [*tasks, again, late]:
+        t.cancel()
+
+
+async def test_a_sparse_tenant_never_goes_ahead_of_a_higher_band_that_waits() -> None:
+    f = flow(1, sparse_burst=1.0)
+    await f.enter(Ticket(A, FlowClass(priority=90), 1))
+    waiting_high = asyncio.create_task(f.enter(Ticket(A, FlowClass(priority=90), 1)))
+    await settle()
+    low = asyncio.create_task(f.enter(Ticket(B, FlowClass(priority=10), 1)))
+    await settle()
+    assert not low.done() and f.waiting == 2
+    for t in (waiting_high, low):
+        t.cancel()
+
+
+async def test_the_limit_is_told_when_it_holds_a_request_back() -> None:
+    held = []
+    f = ModelFlow("m", Room(1), FlowSettings(sparse_burst=0.0), saturated=lambda: held.append(1))
+    first = Ticket(A, FlowClass(), 1)
+    await f.enter(first)
+    assert not held
+    task = asyncio.create_task(f.enter(Ticket(A, FlowClass(), 1)))
+    await settle()
+    assert held
+    task.cancel()
+
+
+async def test_jains_index_over_backlogged_tenants_reads_their_weighted_shares() -> None:
+    """Two backlogged tenants served alike read 1.0; one served four times the other reads ~0.74."""
+    f = flow(1)
+    first = Ticket(C, FlowClass(), 1)
+    await f.enter(first)
+    tasks = [asyncio.create_task(f.enter(Ticket(t, FlowClass(), 100))) for t in (A, B, A, B)]
+    await settle()
+    f.fairness()  # a new window: A and B wait
+    f._serve(A, 100.0)
+    f._serve(B, 100.0)
+    assert f.fairness() == {50: pytest.approx(1.0)}
+    f._serve(A, 400.0)
+    f._serve(B, 100.0)
+    assert f.fairness() == {50: pytest.approx(500**2 / (2 * (400**2 + 100**2)))}
     for t in tasks:
         t.cancel()

@@ -100,7 +100,7 @@ def test_a_part_stuck_on_stop_does_not_hang_the_gateways_shutdown(monkeypatch: p
             stopped.append(self.name)
 
     gw = SimpleNamespace(listener=Part("listener", hang=True), limiter=Part("limiter", fail=True),
-                         meter=Part("meter"), principals=Part("principals"))
+                         meter=Part("meter"), principals=Part("principals"), flow_views=Part("flow views"))
     asyncio.run(asyncio.wait_for(service.Gateway.stop(gw), timeout=5))  # type: ignore[arg-type]
-    assert stopped == ["meter", "principals"]
+    assert stopped == ["flow views", "meter", "principals"]
     assert "key invalidation listener did not stop" in caplog.text and "rate limiter failed to stop" in caplog.text

@@ -1,0 +1,188 @@
+"""How many requests a model's pools should hold at once, learned from what its requests measure.
+
+The flow-control queue (:mod:`baton.api.gateway.flow`) dispatches while a model has room; this module
+says how much room there is. A fixed number would be wrong on every other machine, model and prompt
+mix, and the engines' own limits (``max_num_seqs``, KV blocks) are far above the point where latency
+suffers: a vLLM engine admits a request into its running batch long after every step has become slow,
+so "the engine still accepts" is not "the engine has room".
+
+The limit is a **gradient concurrency limit**, the algorithm of Netflix's ``concurrency-limits``
+(Gradient2; TCP Vegas is its ancestor): a pool whose latency is at its floor can take more, one whose
+latency grew has too much in flight. What is measured is where the engines' work shows, per request
+dispatched by this gateway:
+
+- the **time per output token** (the decode pool's step time, shared by every sequence in its batch);
+- the **time to first token after dispatch**, per prompt-length class (the prefill pool's queue and
+  compute; a 4,000-token prompt is not compared with a 40-token one).
+
+Each has a **floor**, the smallest value seen in the last two windows of ``window_s`` (so a floor from
+another load pattern ages out), and a smoothed current value. The gradient is
+``min(1, tolerance * (floor + slack) / current)`` of the worse of the two, and the new limit is
+``limit * gradient + sqrt(limit)``: at the floor the limit grows by its square root per update, over
+``tolerance`` times the floor it shrinks in proportion. Updates come once per ``update_every``
+completed requests, and only while the limit was actually used (requests were waiting or the pool was
+full), so an idle model keeps its limit instead of growing it without evidence.
+
+Staleness and absence: the view is as fresh as the last completed request (it is this gateway's own
+measure, no scrape); before ``min_samples`` requests have completed on a model the limit is ``None``,
+which the queue reads as "no view": requests go straight upstream, as with limits only. A model whose
+engines are all gone fails its requests upstream (the recovery ladder's business), never here.
+
+Several gateway processes each keep their own limit against the same engines. Their latencies are the
+same signal, so each shrinks when the pools are over the tolerance and grows when under: the additive
+increase, multiplicative decrease of Chiu and Jain (1989) that converges to equal shares of the
+capacity without any exchange between the processes.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True, slots=True)
+class CapacitySettings:
+    initial: int = 8  #: the limit a model starts with once it has a view
+    min_limit: int = 1
+    max_limit: int = 256
+    tolerance: float = 1.3  #: latency over this multiple of its floor shrinks the limit
+    window_s: float = 300.0  #: a floor is the smallest value of the last two such windows
+    min_samples: int = 8  #: completed requests before the model has a view at all
+    update_every: int = 4  #: completed requests between two updates of the limit
+    smoothing: float = 0.3  #: weight of a new sample in the current (EWMA) latency
+    #: Latency this close to its floor is at the floor whatever the ratio: a floor of a few milliseconds
+    #: (a tiny model, a stub) would otherwise read the event loop's jitter as overload.
+    slack_s: float = 0.005
+
+
+class _Floor:
+    """The smallest value of the current and the previous window."""
+
+    __slots__ = ("_cur", "_prev", "_t0", "window_s")
+
+    def __init__(self, window_s: float) -> None:
+        self.window_s = window_s
+        self._cur = math.inf
+        self._prev = math.inf
+        self._t0: float | None = None
+
+    def add(self, value: float, now: float) -> None:
+        if self._t0 is None:
+            self._t0 = now
+        elif now - self._t0 >= self.window_s:
+            self._prev = self._cur if now - self._t0 < 2 * self.window_s else math.inf
+            self._cur = math.inf
+            self._t0 = now
+        self._cur = min(self._cur, value)
+
+    @property
+    def value(self) -> float:
+        return min(self._cur, self._prev)
+
+
+class _Signal:
+    """One latency: its floor and its smoothed current value."""
+
+    __slots__ = ("current", "floor", "smoothing")
+
+    def __init__(self, window_s: float, smoothing: float) -> None:
+        self.floor = _Floor(window_s)
+        self.current: float | None = None
+        self.smoothing = smoothing
+
+    def add(self, value: float, now: float) -> None:
+        self.floor.add(value, now)
+        self.current = value if self.current is None else self.current + self.smoothing * (value - self.current)
+
+    def ratio(self, slack_s: float) -> float | None:
+        """Current over floor plus ``slack_s`` (<= 1: at the floor), or None without a measure."""
+        floor = self.floor.value
+        if self.current is None or not math.isfinite(floor) or floor <= 0:
+            return None
+        return self.current / (floor + slack_s)
+
+
+def _prompt_class(prompt_tokens: int) -> int:
+    """Prompts within a factor of two of each other are compared (their prefill costs are alike)."""
+    return max(prompt_tokens, 1).bit_length()
+
+
+class AdaptiveLimit:
+    """One model's limit in this process. :meth:`limit` is the queue's capacity function."""
+
+    def __init__(self, settings: CapacitySettings | None = None, *,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.settings = s = settings or CapacitySettings()
+        self.clock = clock
+        self.estimate = float(s.initial)
+        self.samples = 0
+        self._since_update = 0
+        self._saturated = False
+        self.tpot = _Signal(s.window_s, s.smoothing)
+        self._ttft: dict[int, _Signal] = {}
+        self._last_ttft: _Signal | None = None  #: the prompt class of the latest request
+        self.gradient = 1.0  #: the last update's gradient (1: at the floor), for the metrics
+
+    def limit(self) -> int | None:
+        if self.samples < self.settings.min_samples:
+            return None
+        return int(self.estimate)
+
+    def saturated(self) -> None:
+        """The queue had to hold a request back (its limit is in use): the next update may move it."""
+        self._saturated = True
+
+    def observe(self, *, prompt_tokens: int, ttft_s: float | None, tpot_s: float | None) -> None:
+        """One completed request's measures after dispatch (None where it had none: an error, one token)."""
+        if ttft_s is None and tpot_s is None:
+            return
+        s, now = self.settings, self.clock()
+        if tpot_s is not None and tpot_s > 0:
+            self.tpot.add(tpot_s, now)
+        if ttft_s is not None and ttft_s > 0:
+            cls = _prompt_class(prompt_tokens)
+            sig = self._ttft.get(cls)
+            if sig is None:
+                sig = self._ttft[cls] = _Signal(s.window_s, s.smoothing)
+            sig.add(ttft_s, now)
+            self._last_ttft = sig
+        self.samples += 1
+        self._since_update += 1
+        if self._since_update >= s.update_every:
+            self._since_update = 0
+            self._update()
+
+    def _update(self) -> None:
+        s = self.settings
+        signals = [self.tpot] if self._last_ttft is None else [self.tpot, self._last_ttft]
+        ratios = [r for r in (sig.ratio(s.slack_s) for sig in signals) if r is not None]
+        if not ratios:
+            return
+        self.gradient = min(1.0, s.tolerance / max(*ratios, 1e-9))
+        if self.gradient >= 1.0 and not self._saturated:
+            return  # latency is fine but the limit was not in use: no evidence that more would be
+        self._saturated = False
+        new = self.estimate * self.gradient + math.sqrt(self.estimate)
+        if self.gradient < 1.0:
+            new = min(new, self.estimate * self.gradient)  # over the tolerance: shrink, never grow
+        self.estimate = min(max(new, float(s.min_limit)), float(s.max_limit))
+
+
+class Capacities:
+    """Every model's limit in this process, made on first use."""
+
+    def __init__(self, settings: CapacitySettings | None = None) -> None:
+        self.settings = settings or CapacitySettings()
+        self.models: dict[str, AdaptiveLimit] = {}
+
+    def model(self, name: str) -> AdaptiveLimit:
+        lim = self.models.get(name)
+        if lim is None:
+            lim = self.models[name] = AdaptiveLimit(self.settings)
+        return lim
+
+    def limit(self, name: str) -> int | None:
+        lim = self.models.get(name)
+        return None if lim is None else lim.limit()

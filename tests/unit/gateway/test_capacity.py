@@ -1,0 +1,89 @@
+"""The learned concurrency limit (baton.api.gateway.capacity) on made-up latencies and a hand-driven clock."""
+
+from __future__ import annotations
+
+import pytest
+
+from baton.api.gateway.capacity import AdaptiveLimit, CapacitySettings
+
+
+def limit(**settings: float) -> tuple[AdaptiveLimit, dict[str, float]]:
+    now = {"t": 0.0}
+    base = {"initial": 8, "min_samples": 4, "update_every": 1, "slack_s": 0.0}
+    return AdaptiveLimit(CapacitySettings(**{**base, **settings}), clock=lambda: now["t"]), now  # type: ignore[arg-type]
+
+
+def feed(lim: AdaptiveLimit, n: int, *, ttft: float = 0.05, tpot: float = 0.01, saturated: bool = True) -> None:
+    for _ in range(n):
+        if saturated:
+            lim.saturated()
+        lim.observe(prompt_tokens=100, ttft_s=ttft, tpot_s=tpot)
+
+
+def test_no_view_before_enough_requests_completed() -> None:
+    lim, _ = limit()
+    feed(lim, 3)
+    assert lim.limit() is None  # the queue reads None as: no queue, limits only
+    feed(lim, 1)
+    assert lim.limit() is not None
+
+
+def test_at_its_floor_a_limit_in_use_grows() -> None:
+    lim, _ = limit()
+    feed(lim, 4)
+    start = lim.limit()
+    feed(lim, 10)
+    assert start is not None and lim.limit() is not None and lim.limit() > start  # type: ignore[operator]
+
+
+def test_an_idle_limit_does_not_grow_without_evidence() -> None:
+    lim, _ = limit()
+    feed(lim, 20, saturated=False)
+    assert lim.limit() == 8
+
+
+def test_latency_over_the_tolerance_shrinks_the_limit_in_proportion() -> None:
+    lim, _ = limit(tolerance=1.3)
+    feed(lim, 8)
+    high = lim.limit()
+    feed(lim, 12, tpot=0.04)  # decode steps four times their floor
+    low = lim.limit()
+    assert high is not None and low is not None and low < high / 2
+    assert lim.gradient < 1.0
+
+
+def test_a_slow_prefill_shrinks_it_too_but_a_long_prompt_is_not_a_slow_one() -> None:
+    lim, _ = limit()
+    feed(lim, 8)
+    before = lim.limit()
+    for _ in range(8):  # prompts 30x longer take 10x the time: another class, its own floor
+        lim.saturated()
+        lim.observe(prompt_tokens=3000, ttft_s=0.5, tpot_s=0.01)
+    assert lim.limit() >= before  # type: ignore[operator]
+    for _ in range(8):  # the short prompts' first token now takes 6x its floor
+        lim.observe(prompt_tokens=100, ttft_s=0.3, tpot_s=0.01)
+    assert lim.limit() < before  # type: ignore[operator]
+
+
+def test_a_floor_from_another_time_ages_out() -> None:
+    lim, now = limit(window_s=10.0)
+    feed(lim, 8, tpot=0.001)  # a floor measured once, never again
+    now["t"] = 25.0
+    feed(lim, 30, tpot=0.01)  # two windows later the floor is today's
+    assert lim.tpot.floor.value == pytest.approx(0.01)
+    assert lim.gradient == 1.0
+
+
+def test_jitter_within_the_slack_is_not_overload() -> None:
+    lim, _ = limit(slack_s=0.005)
+    feed(lim, 8, ttft=0.001, tpot=0.0005)
+    feed(lim, 8, ttft=0.004, tpot=0.003)  # 4-6x a floor of a millisecond, yet within 5 ms of it
+    assert lim.gradient == 1.0
+
+
+def test_the_limit_stays_within_its_bounds() -> None:
+    lim, _ = limit(min_limit=2, max_limit=12)
+    feed(lim, 60)
+    assert lim.limit() == 12
+    feed(lim, 60, tpot=1.0)
+    assert lim.limit() == 2
