@@ -27,7 +27,7 @@ from baton.bench.procs import Proc, StartError, start_engine, start_floor, start
 ProgressFactory = Callable[[str, int], Callable[[stats.RequestResult], None]]
 Log = Callable[[str], None]
 
-ARMS = ("direct", "baton", "baton-notrace", "litellm")
+ARMS = ("direct", "baton", "baton-notrace", "baton-noflow", "litellm")
 
 
 @dataclass
@@ -62,6 +62,9 @@ class GatewayConfig:
     """The throughput phase also runs Baton (tracing on) with this many worker processes (0 or 1: not)."""
     token_requests: int = -1
     """Requests per arm and length of the per-token phase (-1: 1,000 with ``zero``, 96 with an engine; 0: none)."""
+    flow_arm: bool = True
+    """Also run Baton with flow control off (``baton-noflow``, tracing off): the cost of flow control when
+    nothing queues is ``baton-notrace`` minus it."""
 
     def arms(self) -> list[str]:
         arms = ["direct"]
@@ -69,6 +72,8 @@ class GatewayConfig:
             arms.append("baton")
         if self.tracing in ("off", "both"):
             arms.append("baton-notrace")
+            if self.flow_arm:
+                arms.append("baton-noflow")
         if self.litellm:
             arms.append("litellm")
         return arms
@@ -157,11 +162,13 @@ def _start_arms(cfg: GatewayConfig, stack: contextlib.ExitStack, out: dict[str, 
         arms_mod.migrate(cfg.db_url)
         tenant = arms_mod.provision_tenant(cfg.db_url, model=cfg.model,
                                            model_source=str(Path(cfg.model_dir).resolve()))
-        for name in ("baton", "baton-notrace"):
+        for name in ("baton", "baton-notrace", "baton-noflow"):
             if name not in want:
                 continue
             env = arms_mod.gateway_env(tenant, upstreams={cfg.model: upstream}, tracing=name == "baton",
                                        otlp_endpoint=otlp)
+            if name == "baton-noflow":
+                env["BATON_GATEWAY__FLOW__ENABLED"] = "false"
             proc, url = arms_mod.start_gateway(name, env, cpus=cfg.gateway_cpus)
             stack.callback(proc.stop)
             result.append(Arm(name, client.Target(base_url=url, model=cfg.model, api_key=tenant.api_key, name=name),
@@ -275,6 +282,13 @@ def _ratios(added: dict[str, Any], per_arm: dict[str, Any]) -> dict[str, Any]:
                 "cpu_per_request": _ratio(per_arm[name]["proxy_cpu_ms_per_request"],
                                           per_arm["litellm"]["proxy_cpu_ms_per_request"]),
             }
+    if "baton-notrace" in added and "baton-noflow" in added:
+        out["flow_control_overhead"] = {
+            "ttft_p50_ms": added["baton-notrace"]["ttft_ms"]["p50"] - added["baton-noflow"]["ttft_ms"]["p50"],
+            "e2el_p50_ms": added["baton-notrace"]["e2el_ms"]["p50"] - added["baton-noflow"]["e2el_ms"]["p50"],
+            "cpu_ms_per_request": _diff(per_arm["baton-notrace"]["proxy_cpu_ms_per_request"],
+                                        per_arm["baton-noflow"]["proxy_cpu_ms_per_request"]),
+        }
     if "baton" in added and "baton-notrace" in added:
         out["tracing_overhead"] = {
             "ttft_p50_ms": added["baton"]["ttft_ms"]["p50"] - added["baton-notrace"]["ttft_ms"]["p50"],

@@ -16,7 +16,7 @@ def test_gateway_bench_runs_every_arm_and_reports_added_latency(pg_url: str, tmp
                         db_url=pg_url, model_dir=str(tmp_path / "no-model"), state_dir=str(tmp_path))
     res = run_gateway(cfg, log=lambda _m: None)
     (rnd,) = res["rounds"]
-    assert set(rnd["arms"]) == {"direct", "baton", "baton-notrace"}
+    assert set(rnd["arms"]) == {"direct", "baton", "baton-notrace", "baton-noflow"}
     for name, arm in rnd["arms"].items():
         assert arm["failed"] == 0, (name, arm["errors"])
         assert arm["completed"] == 2 * 4
@@ -30,6 +30,8 @@ def test_gateway_bench_runs_every_arm_and_reports_added_latency(pg_url: str, tmp
         assert set(rnd["added"][name]) == {"ttft_ms", "itl_ms", "e2el_ms"}
         assert set(rnd["added"][name]["ttft_ms"]) == {"p50", "p99"}
     assert "tracing_overhead" in rnd["ratios"]
+    # flow control's cost when nothing queues: the same gateway with it off, side by side
+    assert set(rnd["ratios"]["flow_control_overhead"]) == {"ttft_p50_ms", "e2el_p50_ms", "cpu_ms_per_request"}
     tp = res["throughput"]["baton"]
     assert tp["completed"] == 30 and tp["requests_per_cpu_s"] > 0 and tp["rss_mb"] > 0
     assert res["headline"]["throughput"]["targets"] == {"requests_per_cpu_s": 2000, "rss_mb": 200,
