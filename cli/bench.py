@@ -43,10 +43,10 @@ def _progress() -> Iterator[Callable[[str, int], Callable[[Any], None]]]:
         yield factory
 
 
-def _out_path(out: Path | None, name: str) -> Path:
+def _out_path(out: Path | None, name: str, default: Path | None = None) -> Path:
     from baton.bench.report import default_out
 
-    return out or default_out(name)
+    return out or default or default_out(name)
 
 
 def _fmt(v: Any, digits: int = 2) -> str:
@@ -239,6 +239,9 @@ def gateway(  # noqa: PLR0917 - typer options
     token_requests: Annotated[int, typer.Option(
         "--token-requests", min=-1, help="Requests per proxy and length (1 and --output-len tokens) of the "
         "per-token CPU phase (-1: 1000 with zero, 96 with an engine; 0: none).")] = -1,
+    flow_arm: Annotated[bool, typer.Option(
+        "--flow-arm/--no-flow-arm", help="Also run Baton with flow control off (baton-noflow): the cost of flow "
+        "control when nothing queues.")] = True,
     out: OutOpt = None,
 ) -> None:
     """Added latency of Baton's gateway (and of LiteLLM's proxy) over the bare upstream, in one run."""
@@ -255,7 +258,7 @@ def gateway(  # noqa: PLR0917 - typer options
                         input_len=input_len, output_len=output_len, seed=seed, db_url=db_url,
                         throughput_requests=throughput_requests, throughput_concurrency=throughput_concurrency,
                         gateway_cpus=cpus, stub_token_gap_ms=stub_token_gap_ms, stub_batched=stub_batched,
-                        scaling_workers=scaling_workers, token_requests=token_requests)
+                        scaling_workers=scaling_workers, token_requests=token_requests, flow_arm=flow_arm)
     with _progress() as factory:
         result = run_gateway(cfg, progress=factory, log=typer.echo)
     path = report.write_json(_out_path(out, f"gateway-{upstream}"), result)
@@ -634,6 +637,139 @@ def revoke(
                f"{_fmt(seen['max'])} ms (target p99 < {result['target']['p99_ms']:g}); missed {result['missed']}; "
                f"met={result['met']}")
     typer.echo(f"results: {path}")
+
+
+@app.command()
+def fairness(  # noqa: PLR0917 - typer options
+    base_url: Annotated[str, typer.Option(
+        "--base-url", help="The running Baton's gateway (tenants' /v1 and the admin API's /admin/v1 under it).")]
+    = "http://127.0.0.1:8000",
+    admin_token: Annotated[str | None, typer.Option(
+        "--admin-token", envvar="BATON_SECURITY__ADMIN_TOKEN", show_default=False,
+        help="Bearer token of the admin API (default: BATON_SECURITY__ADMIN_TOKEN from the environment, "
+        "else from --env-file).")] = None,
+    env_file: Annotated[Path | None, typer.Option(
+        "--env-file", show_default=False,
+        help="The stack's secrets file read for the admin token (default var/baton.env, or "
+        "$BATON_STATE_DIR/baton.env).")] = None,
+    model: Annotated[str, typer.Option("--model", help="Chat model every tenant calls (granted to each).")]
+    = "tiny-llama",
+    duration_s: Annotated[float, typer.Option("--duration", min=1, help="Seconds of each phase (of B's window "
+                                              "in a_flood_b).")] = 60.0,
+    phase: Annotated[list[str] | None, typer.Option(
+        "--phase", help="b_alone, a_flood_b and/or bands (repeat; default all three, in that order).")] = None,
+    b_interval_s: Annotated[float, typer.Option(
+        "--b-interval", min=0.01, help="Seconds between tenant B's short requests (open loop: on schedule even "
+        "while earlier ones run).")] = 0.5,
+    a_concurrency: Annotated[int, typer.Option(
+        "--a-concurrency", min=1, help="Tenant A's long streams in flight (closed loop, Retry-After ignored).")]
+    = 16,
+    band_concurrency: Annotated[int | None, typer.Option(
+        "--band-concurrency", min=1, show_default=False,
+        help="Streams in flight per tenant of the bands phase (default --a-concurrency // 2).")] = None,
+    lead_s: Annotated[float, typer.Option(
+        "--lead", min=0, help="Seconds A floods before B's window of a_flood_b opens.")] = 5.0,
+    gap_s: Annotated[float, typer.Option("--gap", min=0, help="Seconds between phases (the queue drains).")]
+    = 3.0,
+    a_retry_pause_s: Annotated[float, typer.Option(
+        "--a-retry-pause", min=0, help="Seconds A waits after a refusal before sending again (it ignores "
+        "Retry-After; this only keeps its client loop from spinning).")] = 0.05,
+    ab_ttft_ms: Annotated[int, typer.Option(
+        "--ab-ttft-ms", min=1, help="TTFT target (ms) of A's and B's policies (both priority 50).")] = 1000,
+    top_ttft_ms: Annotated[int, typer.Option(
+        "--top-ttft-ms", min=1, help="TTFT target (ms) of the priority-90 band: its attainment's bar.")] = 500,
+    mid_ttft_ms: Annotated[int, typer.Option("--mid-ttft-ms", min=1, help="TTFT target (ms) of the priority-50 "
+                                             "band.")] = 1000,
+    low_ttft_ms: Annotated[int, typer.Option(
+        "--low-ttft-ms", min=1, help="TTFT target (ms) of the sheddable priority-10 band (the gateway refuses "
+        "its requests whose predicted TTFT passes it).")] = 1000,
+    request_timeout_s: Annotated[float, typer.Option(
+        "--request-timeout", min=1, help="Client timeout of one request, seconds (counted as a timeout).")] = 120.0,
+    warmup: Annotated[int, typer.Option(
+        "--warmup", min=0, help="Sequential short requests per tenant before the first phase.")] = 4,
+    processes: Annotated[bool, typer.Option(
+        "--processes/--one-process", help="Each tenant's load from its own process (one tenant's client never "
+        "delays another's timing), or all on one event loop.")] = True,
+    seed: Annotated[int, typer.Option("--seed", help="Seed of the prompts' words.")] = 0,
+    out: Annotated[Path | None, typer.Option(
+        "--out", show_default=False, help="JSON result path (default docs/bench-fairness.json).")] = None,
+    png: Annotated[Path | None, typer.Option(
+        "--png", show_default=False, help="Plot path (default the JSON's path with .png).")] = None,
+    plot: Annotated[bool, typer.Option("--plot/--no-plot", help="Write the plot: B's TTFT CDF alone and "
+                                       "beside A, attainment per band.")] = True,
+) -> None:
+    """Flow control from outside, on a running Baton (`scripts/up`): tenant B's TTFT alone and beside tenant
+    A's flood (target p99 ratio <= 1.5, A refused with 429 only), and SLO attainment of priority bands
+    90/50/10 (top band >= 0.99). Makes its own tenants, policies and keys through the admin API and deletes
+    them afterwards."""
+    import os
+
+    import httpx
+
+    from baton.bench import report
+    from baton.bench.fairness import PHASES, AdminError, BandSpec, FairnessConfig, admin_token_from_env_file
+    from baton.bench.fairness import plot as draw
+    from baton.bench.fairness import run as run_fairness
+
+    phases = tuple(phase or PHASES)
+    unknown = [p for p in phases if p not in PHASES]
+    if unknown:
+        raise typer.BadParameter(f"unknown phase(s) {unknown}; choose from {list(PHASES)}", param_hint="--phase")
+    env_path = env_file or Path(os.environ.get("BATON_STATE_DIR", "var")) / "baton.env"
+    token = admin_token or admin_token_from_env_file(env_path)
+    if not token:
+        raise typer.Exit(_fail_bench(f"no admin token: give --admin-token, or run `scripts/up` (it writes "
+                                     f"BATON_SECURITY__ADMIN_TOKEN to {env_path})"))
+    bands = (BandSpec("high", 90, top_ttft_ms), BandSpec("mid", 50, mid_ttft_ms),
+             BandSpec("low", 10, low_ttft_ms, sheddable=True))
+    cfg = FairnessConfig(base_url=base_url, admin_token=token, model=model, duration_s=duration_s, phases=phases,
+                         b_interval_s=b_interval_s, a_concurrency=a_concurrency, band_concurrency=band_concurrency,
+                         lead_s=lead_s, gap_s=gap_s, a_retry_pause_s=a_retry_pause_s, ab_ttft_ms=ab_ttft_ms,
+                         bands=bands, request_timeout_s=request_timeout_s, warmup_requests=warmup,
+                         processes=processes, seed=seed)
+    try:
+        with _progress() as factory:
+            result = run_fairness(cfg, log=typer.echo, progress=factory)
+    except (AdminError, RuntimeError, httpx.HTTPError) as exc:
+        raise typer.Exit(_fail_bench(f"baton bench fairness: {exc}")) from None
+    path = report.write_json(_out_path(out, "fairness", Path("docs/bench-fairness.json")), result)
+    _print_fairness(result)
+    typer.echo(f"results: {path}")
+    if plot:
+        typer.echo(f"plot: {draw(png or path.with_suffix('.png'), result)}")
+
+
+def _print_fairness(res: dict[str, Any]) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    t = Table(title="baton bench fairness (TTFT in ms, client)")
+    for col in ("phase", "tenant", "sent", "200", "429", "503", "5xx", "timeout", "conn err", "429 w/o R-A",
+                "TTFT p50", "TTFT p90", "TTFT p99", "TTFT mean", "tokens", "tok/s"):
+        t.add_column(col, justify="right")
+    for phase, p in res["phases"].items():
+        for name, s in p["tenants"].items():
+            c = s["status"]
+            t.add_row(phase, name, str(s["sent"]), str(c["200"]), str(c["429"]), str(c["503"]),
+                      str(c["5xx"] + c["4xx"] + c["stream_error"]), str(c["timeout"]), str(c["connection_error"]),
+                      str(s["429_without_retry_after"]), _fmt(s["ttft_ms"]["p50"], 0), _fmt(s["ttft_ms"]["p90"], 0),
+                      _fmt(s["ttft_ms"]["p99"], 0), _fmt(s["ttft_ms"]["mean"], 0), str(s["completion_tokens"]),
+                      _fmt(s["tokens_per_s"], 1))
+    console = Console(width=max(Console().width, 150))
+    console.print(t)
+    bands = res["phases"].get("bands", {})
+    for name, a in bands.get("attainment", {}).items():
+        share = bands.get("token_share", {}).get(name)
+        console.print(f"band {name} (priority {a['priority']}{', sheddable' if a['sheddable'] else ''}): "
+                      f"{_fmt(a['attainment'], 3)} of {a['completed']} completed within {a['ttft_ms']} ms "
+                      f"({_fmt(a['attainment_of_sent'], 3)} of {a['sent']} sent); "
+                      f"{_fmt(None if share is None else 100 * share, 1)}% of the tokens")
+    for phase, j in res["derived"]["jain_index"].items():
+        console.print(f"Jain's index over tokens/s / weight, {phase}: {_fmt(j, 3)}")
+    for name, row in res["targets"].items():
+        console.print(f"{name}: {_fmt(row['measured'], 3)} (target {row['op']} {row['target']}) met={row['met']}")
+    if res["cleanup"]["errors"]:
+        console.print(f"[yellow]cleanup errors: {res['cleanup']['errors']}[/yellow]")
 
 
 @app.command("report")
