@@ -30,6 +30,7 @@ class NewPolicy:
     percentile: float = 99.0
     priority: int = 0
     sheddable: bool = False
+    weight: float = 1.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -41,6 +42,7 @@ class PolicyChanges:
     percentile: float | None = None
     priority: int | None = None
     sheddable: bool | None = None
+    weight: float | None = None
 
     def items(self) -> dict[str, object]:
         return {f.name: getattr(self, f.name) for f in fields(self) if getattr(self, f.name) is not None}
@@ -55,6 +57,7 @@ class PolicyView:
     percentile: float
     priority: int
     sheddable: bool
+    weight: float
     version: int
     created_at: dt.datetime
     updated_at: dt.datetime
@@ -62,8 +65,8 @@ class PolicyView:
     @classmethod
     def of(cls, p: m.SloPolicy) -> PolicyView:
         return cls(id=p.id, name=p.name, ttft_ms=p.ttft_ms, tpot_ms=p.tpot_ms, percentile=float(p.percentile),
-                   priority=p.priority, sheddable=p.sheddable, version=p.version, created_at=p.created_at,
-                   updated_at=p.updated_at)
+                   priority=p.priority, sheddable=p.sheddable, weight=float(p.weight), version=p.version,
+                   created_at=p.created_at, updated_at=p.updated_at)
 
 
 @dataclass(frozen=True, slots=True)
@@ -96,6 +99,8 @@ class AdmissionView:
     slo_class: str
     priority: int
     sheddable: bool
+    #: Share of the priority band's tokens, relative to the other tenants' weights.
+    weight: float
     ttft_ms: int | None
     tpot_ms: int | None
     #: Load (in-flight / capacity) from which requests are refused.
@@ -112,7 +117,7 @@ class SloPolicies:
         with self.db.system() as uow:
             row = uow.slo_policies.add(m.SloPolicy(
                 name=new.name, ttft_ms=new.ttft_ms, tpot_ms=new.tpot_ms, percentile=new.percentile,
-                priority=new.priority, sheddable=new.sheddable,
+                priority=new.priority, sheddable=new.sheddable, weight=new.weight,
             ))
             audit(uow, actor, "slo_policy.create", "slo_policy", row.id, after=row)
             uow.commit()
@@ -202,5 +207,5 @@ class SloPolicies:
         with self.db.system() as uow:
             uow.tenants.require(tenant_id)
             a = load_admission_table(uow).admission_for(tenant_id, model_id)
-        return AdmissionView(slo_class=a.slo_class, priority=a.priority, sheddable=a.sheddable,
+        return AdmissionView(slo_class=a.slo_class, priority=a.priority, sheddable=a.sheddable, weight=a.weight,
                              ttft_ms=a.ttft_ms, tpot_ms=a.tpot_ms, shed_threshold=a.shed_threshold)

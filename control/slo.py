@@ -8,7 +8,8 @@ it into two things:
   grows with the batch: ``step(B) = step_ms + B * ms_per_seq``, so ``B`` may grow until ``step(B)``
   reaches the TPOT target);
 * an :class:`Admission` for the gateway: priority and whether the tenant's traffic is sheddable, so that
-  under overload sheddable, low-priority traffic is refused first.
+  under overload sheddable, low-priority traffic is refused first, and the tenant's weight (its share of
+  its priority band's tokens, relative to the other tenants' weights).
 
 Everything here is pure: :class:`AdmissionTable` is loaded once (``load_admission_table``) and then
 answers per request without touching the database.
@@ -36,6 +37,7 @@ class SloPolicyLike(Protocol):
     tpot_ms: int
     priority: int
     sheddable: bool
+    weight: float
 
 
 @dataclass(frozen=True, slots=True)
@@ -97,6 +99,8 @@ class Admission:
     sheddable: bool
     ttft_ms: int | None = None
     tpot_ms: int | None = None
+    #: Share of the priority band's tokens, relative to the other tenants' weights (1 = equal).
+    weight: float = 1.0
 
     @property
     def shed_threshold(self) -> float:
@@ -128,6 +132,7 @@ def admission_for(policy: SloPolicyLike | None) -> Admission:
         sheddable=bool(policy.sheddable),
         ttft_ms=int(policy.ttft_ms),
         tpot_ms=int(policy.tpot_ms),
+        weight=float(policy.weight),
     )
 
 
@@ -138,6 +143,7 @@ class _Policy:
     tpot_ms: int
     priority: int
     sheddable: bool
+    weight: float = 1.0
 
 
 @dataclass
@@ -170,5 +176,5 @@ def load_admission_table(uow: UnitOfWork) -> AdmissionTable:
     with translated():
         rows = uow.session.execute(stmt).all()
     return AdmissionTable.build(
-        (t, mid, _Policy(p.name, p.ttft_ms, p.tpot_ms, p.priority, p.sheddable)) for t, mid, p in rows
+        (t, mid, _Policy(p.name, p.ttft_ms, p.tpot_ms, p.priority, p.sheddable, p.weight)) for t, mid, p in rows
     )

@@ -250,6 +250,9 @@ class DeploymentStatus(_Out):
 
 # --- SLO --------------------------------------------------------------------------------------------
 
+WEIGHT_HELP = "Share of the priority band's tokens relative to other tenants' weights (1 = equal)."
+
+
 class SloPolicyCreate(_In):
     name: str = Field(min_length=1, max_length=100)
     ttft_ms: int = Field(ge=1, le=3_600_000)
@@ -257,6 +260,7 @@ class SloPolicyCreate(_In):
     percentile: float = Field(99, gt=0, le=100)
     priority: int = Field(0, ge=0, le=100)
     sheddable: bool = False
+    weight: float = Field(1.0, gt=0, le=100, description=WEIGHT_HELP)
 
 
 class SloPolicyUpdate(_In):
@@ -265,6 +269,7 @@ class SloPolicyUpdate(_In):
     percentile: float | None = Field(None, gt=0, le=100)
     priority: int | None = Field(None, ge=0, le=100)
     sheddable: bool | None = None
+    weight: float | None = Field(None, gt=0, le=100, description=WEIGHT_HELP)
 
 
 class SloPolicyPublic(_Out):
@@ -275,6 +280,7 @@ class SloPolicyPublic(_Out):
     percentile: float
     priority: int
     sheddable: bool
+    weight: float
     version: int
     created_at: dt.datetime
     updated_at: dt.datetime
@@ -304,6 +310,7 @@ class AdmissionPublic(_Out):
     slo_class: str
     priority: int
     sheddable: bool
+    weight: float
     ttft_ms: int | None
     tpot_ms: int | None
     shed_threshold: float = Field(description="Load (in-flight / capacity) from which requests are refused.")
@@ -373,6 +380,10 @@ class RequestPublic(_Out):
     handoff_ms: float | None
     recovery_steps: list[dict[str, Any]]
     trace_id: str | None
+    queue_ms: float | None = Field(None, description="Time the request waited in the gateway's flow-control "
+                                   "queue (null: flow control off, or a record from before it).")
+    flow_class: str | None = Field(None, description="The SLO class it was queued as: its policy's name, "
+                                   "`default` without one.")
     started_at: dt.datetime
     finished_at: dt.datetime
 
@@ -406,6 +417,57 @@ class JobPublic(_Out):
     created_at: dt.datetime
     started_at: dt.datetime | None
     finished_at: dt.datetime | None
+
+
+# --- flow control -----------------------------------------------------------------------------------
+
+class FlowBandPublic(_Out):
+    priority: int = Field(description="The band: the tenants' SLO priority (0-100); a higher band goes first.")
+    waiting: int = Field(description="Requests waiting in this band, all gateway processes together.")
+
+
+class FlowTenantPublic(_Out):
+    tenant_id: uuid.UUID
+    tenant_name: str | None = Field(description="The tenant's name (null: no such tenant any more).")
+    display_name: str | None = Field(description="The tenant's display name.")
+    running: int = Field(description="Its requests upstream now.")
+    waiting: int = Field(description="Its requests waiting in the queue now.")
+    prompt_tokens: int = Field(description="Prompt tokens sent upstream, since each gateway process started.")
+    completion_tokens: int = Field(description="Tokens generated (decode), since each gateway process started.")
+    queued_s: float = Field(description="Seconds its started requests waited in the queue, summed.")
+    rejected: dict[str, int] = Field(description="Refusals by reason (`queue_full`, `ttl`, `slo`).")
+    token_share: float | None = Field(description="Its share of the model's tokens (prompt and generated "
+                                      "together), 0-1; null while no tokens were served.")
+
+
+class FlowProcessPublic(_Out):
+    process: str = Field(description="The gateway process (`host:pid`).")
+    limit: int | None = Field(description="Its learned concurrency limit (null: no view yet, limits only).")
+    running: int
+    waiting: int
+    dispatch_per_s: float | None = Field(description="Requests started per second (moving average).")
+    upstream_ttft_s: float | None = Field(description="Measured upstream time to first token (moving average).")
+    gradient: float | None = Field(None, description="The limit's latency gradient (1: no queueing upstream).")
+    tpot_floor_s: float | None = Field(None, description="The lowest time per output token seen (the floor).")
+    tpot_s: float | None = Field(None, description="The time per output token now.")
+
+
+class FlowModelPublic(_Out):
+    model: str
+    limit: int | None = Field(description="The processes' concurrency limits added up (null: none has one yet).")
+    running: int = Field(description="Requests upstream now, all processes together.")
+    waiting: int = Field(description="Requests waiting now, all processes together.")
+    bands: list[FlowBandPublic] = Field(description="Waiting per priority band, highest first.")
+    dispatch_per_s: float | None = Field(description="Requests started per second, all processes together.")
+    rejected: dict[str, int] = Field(description="Refusals by reason, all tenants together.")
+    tenants: list[FlowTenantPublic] = Field(description="Per tenant, most tokens first.")
+    processes: list[FlowProcessPublic] = Field(description="Each gateway process's own queue of the model.")
+
+
+class FlowPublic(_Out):
+    processes: list[str] = Field(description="The gateway processes whose views were read (each writes its "
+                                 "view every second; a stopped one drops out within seconds).")
+    models: list[FlowModelPublic] = Field(description="Each model's queues merged over the processes.")
 
 
 # --- admin tokens -----------------------------------------------------------------------------------

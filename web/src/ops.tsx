@@ -52,6 +52,7 @@ interface Policy {
   percentile: number;
   priority: number;
   sheddable: boolean;
+  weight: number;
 }
 interface Assignment {
   id: string;
@@ -659,11 +660,16 @@ export function SloPolicies() {
   const tenants = useApi<Tenant[]>("/ops/tenants");
   const models = useApi<Model[]>("/ops/models");
   const act = useAction(() => data.reload());
-  const [form, setForm] = useState({ name: "", ttft_ms: 500, tpot_ms: 50, percentile: 99, priority: 0, sheddable: false });
+  const [form, setForm] = useState({ name: "", ttft_ms: 500, tpot_ms: 50, percentile: 99, priority: 0, weight: 1, sheddable: false });
   const [asg, setAsg] = useState({ policy_id: "", tenant_id: "", model_id: "" });
+  const [weight, setWeight] = useState<{ id: string; value: string } | null>(null);
   const create = (e: FormEvent) => {
     e.preventDefault();
     act.run(() => api("/ops/slo-policies", { method: "POST", body: form }));
+  };
+  const saveWeight = async (e: FormEvent) => {
+    e.preventDefault();
+    if (weight && (await act.run(() => api(`/ops/slo-policies/${weight.id}`, { method: "PATCH", body: { weight: Number(weight.value) } })))) setWeight(null);
   };
   const assign = (e: FormEvent) => {
     e.preventDefault();
@@ -703,7 +709,12 @@ export function SloPolicies() {
               <label htmlFor="pol-prio">Priority (0–100)</label>
               <input id="pol-prio" type="number" min={0} max={100} value={form.priority} onChange={(e) => setForm({ ...form, priority: Number(e.target.value) })} />
             </div>
+            <div>
+              <label htmlFor="pol-weight">Weight</label>
+              <input id="pol-weight" type="number" min={0.01} max={100} step="any" required value={form.weight} aria-describedby="pol-weight-hint" onChange={(e) => setForm({ ...form, weight: Number(e.target.value) })} />
+            </div>
           </div>
+          <p id="pol-weight-hint" className="hint">Weight: share of the band's tokens relative to other tenants (1 = equal).</p>
           <label className="inline">
             <input type="checkbox" checked={form.sheddable} onChange={(e) => setForm({ ...form, sheddable: e.target.checked })} /> Sheddable under overload
           </label>
@@ -755,7 +766,7 @@ export function SloPolicies() {
             <Empty>No policies yet.</Empty>
           ) : (
             <table className="table">
-              <TableHead cols={["Name", "TTFT", "TPOT", "Percentile", "Priority", "Sheddable", "Applies to"]} actions="Actions" />
+              <TableHead cols={["Name", "TTFT", "TPOT", "Percentile", "Priority", "Weight", "Sheddable", "Applies to"]} actions="Actions" />
               <tbody>
                 {data.data.policies.map((p) => (
                   <tr key={p.id}>
@@ -764,6 +775,27 @@ export function SloPolicies() {
                     <td>{p.tpot_ms} ms</td>
                     <td>p{p.percentile}</td>
                     <td>{p.priority}</td>
+                    <td>
+                      {weight?.id === p.id ? (
+                        <form className="row cell-form" onSubmit={saveWeight}>
+                          <input type="number" min={0.01} max={100} step="any" required aria-label={`Weight of ${p.name}`} aria-describedby="pol-weight-hint"
+                            value={weight.value} onChange={(e) => setWeight({ id: p.id, value: e.target.value })} />
+                          <button type="submit" disabled={act.busy}>
+                            Save <span className="sr-only">{`weight of ${p.name}`}</span>
+                          </button>
+                          <button type="button" className="secondary" onClick={() => setWeight(null)}>
+                            Cancel
+                          </button>
+                        </form>
+                      ) : (
+                        <>
+                          {p.weight}{" "}
+                          <button type="button" className="link" disabled={act.busy} onClick={() => setWeight({ id: p.id, value: String(p.weight) })}>
+                            Edit <span className="sr-only">{`weight of ${p.name}`}</span>
+                          </button>
+                        </>
+                      )}
+                    </td>
                     <td>{p.sheddable ? "yes" : "no"}</td>
                     <td>
                       {data.data!.assignments.filter((a) => a.policy_id === p.id).length === 0 && <span className="muted">not assigned</span>}

@@ -111,13 +111,16 @@ def test_deployment_get_status_serve_config_and_reconcile(operator: Session,
 def test_policy_get_update_delete_and_assignment_delete(operator: Session, sign_up: SignUp,
                                                         console_recorder) -> None:  # type: ignore[no-untyped-def]
     t = sign_up()
-    pol = _policy(operator)
+    pol = _policy(operator, weight=2.5)
+    assert pol["weight"] == 2.5
     r = _call(operator, "GET", f"/slo-policies/{pol['id']}")
     assert r.status_code == 200 and r.json() == pol
 
-    r = _call(operator, "PATCH", f"/slo-policies/{pol['id']}", json={"ttft_ms": 800, "sheddable": True},
+    r = _call(operator, "PATCH", f"/slo-policies/{pol['id']}", json={"ttft_ms": 800, "sheddable": True, "weight": 4},
               headers={"if-match": '"1"'})
     assert r.status_code == 200 and r.json()["ttft_ms"] == 800 and r.json()["sheddable"] is True
+    assert r.json()["weight"] == 4.0
+    assert _call(operator, "GET", f"/slo-policies/{pol['id']}").json()["weight"] == 4.0
     assert console_recorder.reconciles[-1] == "SLO policy changed"
     assert console_recorder.invalidations[-1] == ("all", None)
 
@@ -128,6 +131,7 @@ def test_policy_get_update_delete_and_assignment_delete(operator: Session, sign_
     assert console_recorder.invalidations[-1] == ("tenant", t.tenant_id)
     listing = _call(operator, "GET", "/slo-policies").json()
     assert all(x["id"] != a.json()["id"] for x in listing["assignments"])
+    assert [x["weight"] for x in listing["policies"] if x["id"] == pol["id"]] == [4.0]
 
     assert _call(operator, "DELETE", f"/slo-policies/{pol['id']}", headers={"if-match": '"1"'}).status_code == 412
     assert _call(operator, "DELETE", f"/slo-policies/{pol['id']}").status_code == 204
@@ -323,6 +327,10 @@ def test_conflicting_states_are_409(operator: Session, sign_up: SignUp) -> None:
     ("PATCH", f"/deployments/{ID}", {"decode": {"min": 3, "max": 1}}, "decode"),
     ("POST", "/slo-policies", {"name": "p", "ttft_ms": 0, "tpot_ms": 1}, "ttft_ms"),
     ("PATCH", f"/slo-policies/{ID}", {"percentile": 101}, "percentile"),
+    ("POST", "/slo-policies", {"name": "p", "ttft_ms": 1, "tpot_ms": 1, "weight": 0}, "weight"),
+    ("POST", "/slo-policies", {"name": "p", "ttft_ms": 1, "tpot_ms": 1, "weight": 101}, "weight"),
+    ("PATCH", f"/slo-policies/{ID}", {"weight": 0}, "weight"),
+    ("PATCH", f"/slo-policies/{ID}", {"weight": 101}, "weight"),
     ("POST", "/slo-assignments", {"policy_id": str(uuid.uuid4())}, None),
 ])
 def test_an_invalid_body_is_400(operator: Session, method: str, path: str, body: dict[str, Any],

@@ -194,9 +194,10 @@ def test_slo_policy_assignment_and_admission(client: TestClient) -> None:
     t = make_tenant(client)
     model = make_model(client)
     p = client.post("/admin/v1/slo-policies", json={"name": unique("batch"), "ttft_ms": 5000, "tpot_ms": 200,
-                                                    "priority": 10, "sheddable": True}).json()
+                                                    "priority": 10, "sheddable": True, "weight": 2.5}).json()
     gold = client.post("/admin/v1/slo-policies", json={"name": unique("gold"), "ttft_ms": 300, "tpot_ms": 30,
                                                        "priority": 90}).json()
+    assert p["weight"] == 2.5 and gold["weight"] == 1.0
     assert client.get(f"/admin/v1/tenants/{t['id']}/admission").json()["slo_class"] == "default"
     a = client.post("/admin/v1/slo-assignments", json={"policy_id": p["id"], "tenant_id": t["id"]})
     assert a.status_code == 201
@@ -204,11 +205,35 @@ def test_slo_policy_assignment_and_admission(client: TestClient) -> None:
     client.post("/admin/v1/slo-assignments", json={"policy_id": gold["id"], "tenant_id": t["id"],
                                                    "model_id": model["id"]})
     adm = client.get(f"/admin/v1/tenants/{t['id']}/admission").json()
-    assert adm["sheddable"] is True and adm["shed_threshold"] < 1.0
+    assert adm["sheddable"] is True and adm["shed_threshold"] < 1.0 and adm["weight"] == 2.5
     adm = client.get(f"/admin/v1/tenants/{t['id']}/admission", params={"model_id": model["id"]}).json()
-    assert adm["slo_class"] == gold["name"] and adm["sheddable"] is False
+    assert adm["slo_class"] == gold["name"] and adm["sheddable"] is False and adm["weight"] == 1.0
     dup = client.post("/admin/v1/slo-assignments", json={"policy_id": gold["id"], "tenant_id": t["id"]})
     assert dup.status_code == 409
+
+
+def test_slo_policy_weight_is_updated_audited_and_validated(client: TestClient, db) -> None:
+    p = client.post("/admin/v1/slo-policies", json={"name": unique("w"), "ttft_ms": 500, "tpot_ms": 50,
+                                                    "weight": 3}).json()
+    assert p["weight"] == 3.0
+    assert _audit(db, p["id"], "slo_policy.create")[0].after["weight"] == 3.0
+    r = client.patch(f"/admin/v1/slo-policies/{p['id']}", json={"weight": 0.5}, headers={"If-Match": '"1"'})
+    assert r.status_code == 200 and r.json()["weight"] == 0.5 and r.headers["etag"] == '"2"'
+    assert client.get(f"/admin/v1/slo-policies/{p['id']}").json()["weight"] == 0.5
+    row = _audit(db, p["id"], "slo_policy.update")[0]
+    assert row.before["weight"] == 3.0 and row.after["weight"] == 0.5
+    # a change of something else leaves the weight as it is
+    r = client.patch(f"/admin/v1/slo-policies/{p['id']}", json={"priority": 20})
+    assert r.status_code == 200 and r.json()["weight"] == 0.5
+
+    for weight in (0, 101):
+        bad = client.post("/admin/v1/slo-policies", json={"name": unique("w"), "ttft_ms": 500, "tpot_ms": 50,
+                                                          "weight": weight})
+        assert bad.status_code == 422 and bad.headers["content-type"].startswith("application/problem+json")
+        assert bad.json()["param"] == "weight"
+        bad = client.patch(f"/admin/v1/slo-policies/{p['id']}", json={"weight": weight})
+        assert bad.status_code == 422 and bad.json()["param"] == "weight"
+    assert client.get(f"/admin/v1/slo-policies/{p['id']}").json()["weight"] == 0.5
 
 
 def test_usage_and_requests_page_and_filter(client: TestClient, db) -> None:

@@ -15,6 +15,7 @@ class Policy:
     tpot_ms: int
     priority: int = 0
     sheddable: bool = False
+    weight: float = 1.0
 
 
 TP = slo.EngineThroughput(prefill_tokens_per_s=10_000, decode_step_ms=5, decode_ms_per_seq=0.5,
@@ -44,6 +45,16 @@ def test_sheddable_low_priority_traffic_is_shed_first() -> None:
     assert not batch.admit(0.8) and mid.admit(0.8) and gold.admit(0.99) and not gold.admit(1.0)
     assert sorted([gold, mid, batch], key=lambda a: a.shed_order) == [batch, mid, gold]
     assert slo.admission_for(None) == slo.DEFAULT_ADMISSION
+
+
+def test_admission_carries_the_policys_weight() -> None:
+    assert slo.admission_for(Policy("heavy", 1000, 50, weight=2.5)).weight == 2.5
+    assert slo.admission_for(Policy("plain", 1000, 50)).weight == 1.0
+    assert slo.DEFAULT_ADMISSION.weight == 1.0
+    t = uuid.uuid4()
+    table = slo.AdmissionTable.build([(t, None, Policy("heavy", 1000, 50, weight=4))])
+    assert table.admission_for(t, None).weight == 4.0
+    assert table.admission_for(uuid.uuid4(), None).weight == 1.0
 
 
 def test_admission_table_prefers_the_most_specific_assignment() -> None:

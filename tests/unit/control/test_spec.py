@@ -50,7 +50,7 @@ def test_pd_row_uses_both_pools_and_the_connector() -> None:
 
 def test_slo_policy_sets_per_pool_targets() -> None:
     class P:
-        name, ttft_ms, tpot_ms, priority, sheddable = "gold", 1000, 20, 50, False
+        name, ttft_ms, tpot_ms, priority, sheddable, weight = "gold", 1000, 20, 50, False, 1.0
 
     tp = EngineThroughput(prefill_tokens_per_s=10_000, decode_step_ms=5, decode_ms_per_seq=0.5, mean_prompt_tokens=1000)
     d = _dep(mode=m.DeploymentMode.PD, kv_connector="nixl", prefill_min_replicas=1, prefill_max_replicas=1)
