@@ -25,8 +25,8 @@ from baton.core.settings import FlowControlSettings, Settings
 from .conftest import KeyService, TenantKey, add_model, create_tenant_key, request_rows, serve, wait_for
 
 TOKENS = 8
-TOKEN_DELAY_S = 0.4  # a stream holds its place 3.2 s
-TTL_S = 5.0  # the first two queued go after one stream (3.2 s), the next two would wait two (6.4 s)
+TOKEN_DELAY_S = 0.5  # a stream holds its place 4 s
+TTL_S = 6.0  # the first two queued go after one stream (4 s), the next two would wait two (8 s)
 
 
 @pytest.fixture(scope="module")
