@@ -4,10 +4,10 @@ A generated block in the document sits between ``<!-- report:NAME -->`` and ``<!
 the JSON beside the document (``docs/bench-NAME.json``; ``docs/NAME.json`` for a chaos run, NAME
 ``chaos-...``) and the JSON's ``benchmark`` field picks the renderer (NAME does for older results without
 one): ``serve``, ``gateway``, ``handoff``, ``pd``, ``path``, ``recovery``, ``chaos``, ``idle``, ``ingest``,
-``ratelimit``, ``revoke``. Everything inside a block is this module's output, byte for byte, so a figure in such a block
-always comes from a result that says where it came from (its ``provenance``: commit, command, machine,
-load). :func:`check` is what the test suite runs: the document must equal :func:`render_document`'s
-output for the committed JSON.
+``ratelimit``, ``revoke``, ``fairness``. Everything inside a block is this module's output, byte for byte,
+so a figure in such a block always comes from a result that says where it came from (its ``provenance``:
+commit, command, machine, load). :func:`check` is what the test suite runs: the document must equal
+:func:`render_document`'s output for the committed JSON.
 """
 
 from __future__ import annotations
@@ -479,9 +479,133 @@ def _chaos_recovery(rec: dict[str, Any]) -> str:
                          "pool whole again after: p50 / max"], rows) + fresh
 
 
+# -- baton bench fairness ----------------------------------------------------------------------------------
+
+
+def _fairness_caption(phase: str, c: dict[str, Any]) -> str:
+    """What the tenants of one phase sent (from the result's ``config``)."""
+    dur = _rate(c.get("duration_s", "?"))
+    if phase == "b_alone":
+        return (f"`b_alone`: B alone, a {c.get('b_prompt_words', '?')}-word request (max_tokens "
+                f"{c.get('b_max_tokens', '?')}) every {_rate(c.get('b_interval_s', '?'))} s, open loop, for {dur} s")
+    if phase == "a_flood_b":
+        return (f"`a_flood_b`: A keeps {c.get('a_concurrency', '?')} streams of {c.get('a_prompt_words', '?')} words "
+                f"(max_tokens {c.get('a_max_tokens', '?')}) in flight, ignoring Retry-After, from "
+                f"{_rate(c.get('lead_s', '?'))} s before B's {dur} s window; B as alone, in A's band")
+    if phase == "bands":
+        return (f"`bands`: {c.get('band_concurrency', '?')} streams of {c.get('band_prompt_words', '?')} words "
+                f"(max_tokens {c.get('band_max_tokens', '?')}) in flight per tenant, Retry-After honoured, for {dur} s")
+    if phase == "share":
+        return (f"`share`: two tenants of weights 2 and 1 in one band, {c.get('share_concurrency', '?')} streams of "
+                f"{c.get('share_prompt_words', '?')} words (max_tokens {c.get('share_max_tokens', '?')}) in flight "
+                f"each, Retry-After honoured, for {dur} s")
+    return f"`{phase}`"
+
+
+def _fairness_tenants(tenants: dict[str, Any], policies: dict[str, Any]) -> str:
+    rows = []
+    for name, t in tenants.items():
+        pol = (policies.get(name) or {}).get("policy") or {}
+        c = t["status"]
+        other = c.get("4xx", 0) + c.get("connection_error", 0) + c.get("stream_error", 0)
+        ra = ("no 429" if not c["429"] else "yes" if t["retry_after_on_every_429"]
+              else f"**no** ({t['429_without_retry_after']} without)")
+        rows.append([name, str(pol.get("priority", "?")), f"{pol.get('weight', 1.0):g}",
+                     "yes" if pol.get("sheddable") else "no", f"{t['sent']:,}", f"{t['completed']:,}", f"{c['200']:,}",
+                     f"{c['429']:,}", f"{c['503']:,}", f"{c['5xx']:,}", f"{c['timeout']:,}", f"{other:,}", ra,
+                     _ms(t["ttft_ms"], "p50"), _ms(t["ttft_ms"], "p90"), _ms(t["ttft_ms"], "p99"),
+                     _num(t["tokens_per_s"], 1)])
+    return _rows(["tenant", "priority", "weight", "sheddable", "sent", "completed", "200", "429", "503", "5xx",
+                  "timeouts", "other errors", "Retry-After on every 429", "TTFT p50", "TTFT p90", "TTFT p99",
+                  "tokens/s"], rows)
+
+
+def _fairness_bands(p: dict[str, Any]) -> str:
+    share = p.get("token_share") or {}
+    rows = [[name, str(a["priority"]), f"{a['ttft_ms']:g} ms", _num(a["attainment"], 3),
+             _num(a.get("attainment_of_sent"), 3), _pct(share.get(name))]
+            for name, a in (p.get("attainment") or {}).items()]
+    if not rows:
+        return ""
+    return "\n" + _rows(["band", "priority", "TTFT target", "attainment (of completed)", "of sent",
+                         "share of the tokens"], rows)
+
+
+def _fairness_share(sh: dict[str, Any]) -> str:
+    served = ", ".join(f"{name} (weight {(sh.get('weights') or {}).get(name, 1.0):g}) {_num(v, 0)}"
+                       for name, v in (sh.get("weighted_tokens") or {}).items())
+    err, wr = sh.get("error"), sh.get("weight_ratio")
+    weights = f"{wr:g}" if isinstance(wr, int | float) else "n/a"
+    return ("\nTokens as the gateway's fair share counts them (prompt + 2 x completion, from each stream's usage "
+            f"report): {served}; ratio {_num(sh.get('ratio'), 2)} against the weights' {weights} "
+            f"(error {_num(None if err is None else 100 * err, 1)}%).\n")
+
+
+def _fairness(d: dict[str, Any]) -> str:
+    c, phases, policies = d.get("config") or {}, d.get("phases") or {}, d.get("tenants") or {}
+    parts = []
+    for phase, p in phases.items():
+        text = (_fairness_caption(phase, c) + "; TTFT in ms at the client:\n\n"
+                + _fairness_tenants(p["tenants"], policies))
+        if phase == "bands":
+            text += _fairness_bands(p)
+        if phase == "share" and p.get("share"):
+            text += _fairness_share(p["share"])
+        if phase != "b_alone" and isinstance(p.get("jain_index"), int | float):
+            text += f"\nJain's index over the tenants' tokens/s divided by their weights: {_num(p['jain_index'], 3)}.\n"
+        parts.append(text)
+    parts.append("Against the targets:\n\n" + _rows(["figure", "target", "measured", "met"], _fairness_target_rows(d)))
+    return "\n".join(parts)
+
+
+def _fairness_target_rows(d: dict[str, Any]) -> list[list[str]]:
+    """``[figure, target, measured, met]`` of a fairness result's targets (met ``n/a`` where a phase it
+    needs did not run)."""
+    t, der, phases = d.get("targets") or {}, d.get("derived") or {}, d.get("phases") or {}
+
+    def met(key: str) -> str:
+        m = (t.get(key) or {}).get("met")
+        return "n/a" if m is None else _met(m)
+
+    def limit(key: str, default: float) -> float:
+        v = (t.get(key) or {}).get("target")
+        return v if isinstance(v, int | float) else default
+
+    rows = []
+    alone, beside = der.get("b_ttft_p99_ms_alone"), der.get("b_ttft_p99_ms_beside_a")
+    b_p99 = (f"{_num(beside)} ms / {_num(alone)} ms = {_num(der.get('b_ttft_p99_ratio'), 2)}"
+             if isinstance(alone, int | float) or isinstance(beside, int | float) else "n/a")
+    rows.append(["B's TTFT p99 beside A's flood / alone", f"<= {limit('b_ttft_p99_ratio', 1.5):g}", b_p99,
+                 met("b_ttft_p99_ratio")])
+    a = ((phases.get("a_flood_b") or {}).get("tenants") or {}).get("a")
+    refused = " / ".join(str(a["status"][k]) for k in ("503", "5xx", "timeout")) if a else "n/a"
+    rows.append(["A refused with 429 only: its 503 / 5xx / client timeouts", "0 / 0 / 0", refused,
+                 met("a_never_5xx_or_timeout")])
+    tenants = [x for p in phases.values() for x in (p.get("tenants") or {}).values()]
+    n429 = sum(x["status"]["429"] for x in tenants)
+    bare = sum(x["429_without_retry_after"] for x in tenants)
+    rows.append(["every 429 with Retry-After", "all", f"{n429 - bare:,} of {n429:,}" if tenants else "n/a",
+                 met("every_429_had_retry_after")])
+    top = der.get("top_band")
+    band = ((phases.get("bands") or {}).get("attainment") or {}).get(top) or {}
+    within = f" with TTFT <= {band['ttft_ms']:g} ms" if "ttft_ms" in band else ""
+    which = f" ({top}, priority {band['priority']})" if "priority" in band else ""
+    rows.append([f"top band{which}: completed requests{within}",
+                 f">= {limit('top_band_attainment', 0.99):g}", _num(der.get("top_band_attainment"), 3),
+                 met("top_band_attainment")])
+    err, wr = der.get("share_error"), der.get("share_weight_ratio")
+    wr_text = f"{wr:g}" if isinstance(wr, int | float) else "2"
+    rows.append(["share: weight-2 tenant's tokens / weight-1 tenant's (prompt + 2 x completion)",
+                 f"within {100 * limit('share_within_10pct_of_weights', 0.10):g}% of {wr_text}",
+                 f"{_num(der.get('share_ratio'), 2)} (error {_num(None if err is None else 100 * err, 1)}%)",
+                 met("share_within_10pct_of_weights")])
+    return rows
+
+
 RENDERERS: dict[str, Callable[[dict[str, Any]], str]] = {
     "idle": _idle, "ingest": _ingest, "ratelimit": _ratelimit, "revoke": _revoke, "serve": _serve,
     "gateway": _gateway, "handoff": _handoff, "pd": _pd, "path": _path, "recovery": _recovery, "chaos": _chaos,
+    "fairness": _fairness,
 }
 """Renderer by the result's ``benchmark`` (by the block's name for older results without one); a ``chaos``
 renderer also takes every name that starts with ``chaos`` (``chaos-20-kills``)."""
@@ -594,12 +718,14 @@ TARGETS: dict[str, Callable[[dict[str, Any]], list[list[str]]]] = {
                              f"{_num(d['decisions_per_s'], 0)}/s", _met(d["met"])]],
     "revoke": lambda d: [["key revocation seen by every gateway process, p99", f"< {d['target']['p99_ms']:g} ms",
                           f"{_num(d['seen_by_all_ms']['p99'])} ms", _met(d["met"])]],
+    "fairness": lambda d: [[f"flow control: {row[0]}", *row[1:]] for row in _fairness_target_rows(d)
+                           if row[3] != "n/a"],
 }
 """The target rows (``[figure, target, measured, met]``) of a result, by its benchmark."""
 
 #: The results the summary reads, in the order of the document (those present).
 SUMMARY = ("gateway-zero", "gateway-engine", "path", "idle", "handoff", "pd", "recovery", "chaos-default-topology",
-           "ingest", "ratelimit", "revoke")
+           "ingest", "ratelimit", "revoke", "fairness")
 
 
 def _load(name: str, docs_dir: Path) -> tuple[str, dict[str, Any]]:

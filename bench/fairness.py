@@ -18,19 +18,27 @@ Phases, each ``duration_s`` long, ``gap_s`` apart (the queue drains in between):
 - ``bands``: one tenant per :class:`BandSpec` (default priority 90, 50 and 10, the last ``sheddable``),
   each with ``band_concurrency`` medium streams in flight, closed loop, waiting out ``Retry-After``
   after a 429 as a well-behaved client does.
+- ``share``: two tenants in one band (priority ``ab_priority``), ``w2`` and ``w1``, their policies' weights
+  2 and 1 (:data:`SHARE_WEIGHTS`), each with ``share_concurrency`` streams of the same length in flight
+  (closed loop, ``Retry-After`` honoured), so that both always have requests waiting in the gateway's
+  queue: inside a band the gateway shares tokens by weight. (Both tenants' streams together must pass the
+  model's concurrency limit, or nothing waits and the shares follow the streams, not the weights.)
 
 Figures per tenant and phase: requests sent, outcomes (200, 429, 503, other 5xx, other 4xx, client
 timeouts, connection errors, streams that broke after their 200), whether every 429 carried
 ``Retry-After``, TTFT (mean, p50, p90, p99 of the completed requests), completion tokens received and
-tokens per second (all tokens received / the tenant's time from its first send to its last end).
+tokens per second (all tokens received / the tenant's time from its first send to its last end), prompt
+tokens (from the usage report in a stream's last chunk) and the tokens as the gateway's fair share counts
+them (``weighted_tokens``: prompt tokens + 2 x completion tokens, VTC's costs, not divided by the weight).
 
 Derived, with targets: ``b_ttft_p99_ratio`` = B's TTFT p99 beside A / B's TTFT p99 alone (<= 1.5);
 ``a_never_5xx_or_timeout`` (A is refused with 429 only, never a 5xx or a client timeout); every 429
 with ``Retry-After``; SLO attainment per band = share of the band's completed requests whose TTFT is
-within its policy's ``ttft_ms`` (top band >= 0.99). Descriptive: each band's share of the tokens, and
-Jain's fairness index over the tenants' tokens per second divided by their policy weights (1 = equal
-shares; in ``bands`` the priorities make shares unequal by design, in ``a_flood_b`` B asks for less
-than its share).
+within its policy's ``ttft_ms`` (top band >= 0.99); ``share_ratio`` = ``w2``'s weighted tokens /
+``w1``'s, within 10% of the weights' ratio 2 (``share_within_10pct_of_weights``: ``|ratio / 2 - 1| <=
+0.10``). Descriptive: each band's share of the tokens, and Jain's fairness index over the tenants'
+tokens per second divided by their policy weights (1 = equal shares; in ``bands`` the priorities make
+shares unequal by design, in ``a_flood_b`` B asks for less than its share).
 
 Each tenant's load runs in a process of its own (``processes``), so one tenant's client (A's many
 streams) never delays the event loop that times another's (B's) first token. Everything the run made is
@@ -61,7 +69,14 @@ from baton.bench.datasets import WORDS
 
 TARGET_B_TTFT_P99_RATIO = 1.5
 TARGET_TOP_BAND_ATTAINMENT = 0.99
-PHASES = ("b_alone", "a_flood_b", "bands")
+#: The share phase's largest error against the weights: ``|measured ratio / weight ratio - 1|``.
+TARGET_SHARE_ERROR = 0.10
+PHASES = ("b_alone", "a_flood_b", "bands", "share")
+#: The tenants of the ``share`` phase and their policies' weights (the first's share over the second's is
+#: judged against their ratio).
+SHARE_WEIGHTS: Mapping[str, float] = {"w2": 2.0, "w1": 1.0}
+#: What a generated token costs in the gateway's fair-share counter, a prompt token costing 1 (VTC's w_q).
+DECODE_COST = 2
 #: Names of everything the benchmark makes start with this (a rerun deletes what an interrupted run left).
 NAME_PREFIX = "bench-fairness"
 #: Rate limits far above what the benchmark sends: only flow control may push back.
@@ -119,6 +134,10 @@ class FairnessConfig:
     """Streams in flight per band tenant; None: ``a_concurrency // 2``."""
     band_prompt_words: int = 120
     band_max_tokens: int = 64
+    share_concurrency: int | None = None
+    """Streams in flight per tenant of the ``share`` phase; None: ``a_concurrency // 2``."""
+    share_prompt_words: int = 120
+    share_max_tokens: int = 64
     tpot_ms: int = 1000
     """The policies' TPOT target (the admin API needs one; not measured here)."""
     request_timeout_s: float = 120.0
@@ -134,12 +153,16 @@ class FairnessConfig:
     def band_streams(self) -> int:
         return self.band_concurrency if self.band_concurrency is not None else max(1, self.a_concurrency // 2)
 
+    def share_streams(self) -> int:
+        return self.share_concurrency if self.share_concurrency is not None else max(1, self.a_concurrency // 2)
+
 
 def config_dict(cfg: FairnessConfig) -> dict[str, Any]:
     """The config as written to the result: no admin token."""
     out = asdict(cfg)
     out.pop("admin_token", None)
     out["band_concurrency"] = cfg.band_streams()
+    out["share_concurrency"] = cfg.share_streams()
     return out
 
 
@@ -185,6 +208,19 @@ def token_shares(tokens: Mapping[str, float]) -> dict[str, float]:
     """Each tenant's share of all the tokens (NaN each when there were none)."""
     total = sum(tokens.values())
     return {k: (v / total if total > 0 else math.nan) for k, v in tokens.items()}
+
+
+def weighted_tokens(prompt_tokens: float, completion_tokens: float) -> float:
+    """Tokens as the gateway's fair share counts a tenant's service (before its weight divides them):
+    prompt tokens + :data:`DECODE_COST` x completion tokens."""
+    return prompt_tokens + DECODE_COST * completion_tokens
+
+
+def share_error(ratio: float | None, weight_ratio: float) -> float | None:
+    """``|ratio / weight_ratio - 1|``: how far a measured share ratio is from the weights' (None without one)."""
+    if ratio is None or not math.isfinite(ratio) or weight_ratio <= 0:
+        return None
+    return abs(ratio / weight_ratio - 1.0)
 
 
 def _ratio(a: float | None, b: float | None) -> float | None:
@@ -248,6 +284,8 @@ class StreamReading:
     first_content_at: float | None = None
     content_chunks: int = 0
     usage_tokens: int | None = None
+    prompt_tokens: int | None = None
+    """The usage report's ``prompt_tokens`` (None: no report read)."""
     finished: bool = False
     done: bool = False
     error: str = ""
@@ -278,6 +316,8 @@ class StreamReading:
         usage = obj.get("usage")
         if isinstance(usage, dict) and isinstance(usage.get("completion_tokens"), int):
             self.usage_tokens = usage["completion_tokens"]
+            prompt = usage.get("prompt_tokens")
+            self.prompt_tokens = prompt if isinstance(prompt, int) else 0
         return False
 
     @property
@@ -302,6 +342,10 @@ class Outcome:
     completion_tokens: int = 0
     retry_after: str | None = None
     error: str = ""
+    prompt_tokens: int = 0
+    """From the stream's usage report (0 without one)."""
+    usage: bool = False
+    """Whether the stream carried a usage report (else ``completion_tokens`` counts content chunks)."""
 
 
 def kind_of(status: int) -> str:
@@ -368,6 +412,8 @@ async def send_chat(client: Any, url: str, api_key: str, body: dict[str, Any], *
             out.error = reading.error or ("no content" if reading.first_content_at is None else "stream ended early")
     out.latency_s = time.perf_counter() - st
     out.completion_tokens = reading.tokens
+    out.usage = reading.usage_tokens is not None
+    out.prompt_tokens = reading.prompt_tokens or 0
     if reading.first_content_at is not None:
         out.ttft_s = reading.first_content_at - st
     return out
@@ -492,6 +538,7 @@ def summarize_tenant(outcomes: Sequence[Outcome], elapsed_s: float) -> dict[str,
     ok = [o for o in outcomes if o.kind == "200"]
     ttfts = [o.ttft_s for o in ok if o.ttft_s is not None]
     tokens = sum(o.completion_tokens for o in outcomes)
+    prompt_tokens = sum(o.prompt_tokens for o in outcomes)
     errors: dict[str, int] = {}
     for o in outcomes:
         if o.kind != "200" and o.error:
@@ -508,6 +555,9 @@ def summarize_tenant(outcomes: Sequence[Outcome], elapsed_s: float) -> dict[str,
         "elapsed_s": elapsed_s,
         "tokens_per_s": tokens / elapsed_s if elapsed_s > 0 else math.nan,
         "errors": dict(sorted(errors.items(), key=lambda kv: -kv[1])[:10]),
+        "prompt_tokens": prompt_tokens,
+        "weighted_tokens": weighted_tokens(prompt_tokens, tokens),
+        "completed_without_usage": sum(1 for o in ok if not o.usage),
     }
 
 
@@ -520,7 +570,7 @@ def summarize(cfg: FairnessConfig, raw: Mapping[str, Sequence[Mapping[str, Any]]
     per tenant and phase, per band, the derived figures and the targets."""
     phases: dict[str, Any] = {}
     ttft_samples: dict[str, list[float]] = {}
-    weights = {"a": 1.0, "b": 1.0, **{b.name: b.weight for b in cfg.bands}}
+    weights = {"a": 1.0, "b": 1.0, **{b.name: b.weight for b in cfg.bands}, **SHARE_WEIGHTS}
     for phase, results in raw.items():
         tenants = {r["tenant"]: summarize_tenant(_outcomes(r), float(r.get("elapsed_s", 0.0))) for r in results}
         entry: dict[str, Any] = {"tenants": tenants}
@@ -545,8 +595,26 @@ def summarize(cfg: FairnessConfig, raw: Mapping[str, Sequence[Mapping[str, Any]]
                     "attainment_of_sent": (sum(1 for t in ok if t * 1000.0 <= band.ttft_ms) / len(outs)
                                            if outs else math.nan),
                 }
+        if phase == "share":
+            entry["share"] = share_figures(cfg, tenants)
         phases[phase] = entry
     return {"phases": phases, "b_ttft_ms_samples": ttft_samples, **derive(cfg, phases)}
+
+
+def share_figures(cfg: FairnessConfig, tenants: Mapping[str, Mapping[str, Any]]) -> dict[str, Any]:
+    """The ``share`` phase's figures: each tenant's weighted tokens (prompt + 2 x completion), the first
+    tenant's over the second's, and that ratio's error against their weights' ratio."""
+    (hi, w_hi), (lo, w_lo) = list(SHARE_WEIGHTS.items())[:2]
+    served = {n: float(tenants[n]["weighted_tokens"]) if n in tenants else math.nan for n in SHARE_WEIGHTS}
+    ratio = _ratio(served[hi], served[lo])
+    return {
+        "priority": cfg.ab_priority,
+        "weights": dict(SHARE_WEIGHTS),
+        "weighted_tokens": served,
+        "ratio": ratio,
+        "weight_ratio": w_hi / w_lo,
+        "error": share_error(ratio, w_hi / w_lo),
+    }
 
 
 def derive(cfg: FairnessConfig, phases: Mapping[str, Any]) -> dict[str, Any]:
@@ -568,6 +636,8 @@ def derive(cfg: FairnessConfig, phases: Mapping[str, Any]) -> dict[str, Any]:
     top = max(cfg.bands, key=lambda b: b.priority).name if cfg.bands else None
     top_att = band_att.get(top) if top else None
     top_att = top_att if isinstance(top_att, float) and math.isfinite(top_att) else None
+    share = phases.get("share", {}).get("share") or {}
+    share_err = share.get("error")
     derived = {
         "b_ttft_p99_ms_alone": p99("b_alone", "b"),
         "b_ttft_p99_ms_beside_a": p99("a_flood_b", "b"),
@@ -579,6 +649,10 @@ def derive(cfg: FairnessConfig, phases: Mapping[str, Any]) -> dict[str, Any]:
         "top_band_attainment": top_att,
         "bands_token_share": phases.get("bands", {}).get("token_share", {}),
         "jain_index": {name: p.get("jain_index") for name, p in phases.items() if name != "b_alone"},
+        "share_weighted_tokens": share.get("weighted_tokens", {}),
+        "share_ratio": share.get("ratio"),
+        "share_weight_ratio": share.get("weight_ratio"),
+        "share_error": share_err,
     }
     targets: dict[str, dict[str, Any]] = {
         "b_ttft_p99_ratio": {"measured": ratio, "target": TARGET_B_TTFT_P99_RATIO, "op": "<=",
@@ -587,6 +661,8 @@ def derive(cfg: FairnessConfig, phases: Mapping[str, Any]) -> dict[str, Any]:
         "every_429_had_retry_after": {"measured": every_429, "target": True, "op": "==", "met": every_429},
         "top_band_attainment": {"measured": top_att, "target": TARGET_TOP_BAND_ATTAINMENT, "op": ">=",
                                 "met": None if top_att is None else top_att >= TARGET_TOP_BAND_ATTAINMENT},
+        "share_within_10pct_of_weights": {"measured": share_err, "target": TARGET_SHARE_ERROR, "op": "<=",
+                                          "met": None if share_err is None else share_err <= TARGET_SHARE_ERROR},
     }
     judged = [t["met"] for t in targets.values() if t["met"] is not None]
     return {"derived": derived, "targets": targets, "met": bool(judged) and all(judged)}
@@ -698,6 +774,9 @@ def roles(cfg: FairnessConfig) -> dict[str, dict[str, Any]]:
         for b in cfg.bands:
             out[b.name] = {"priority": b.priority, "ttft_ms": b.ttft_ms, "sheddable": b.sheddable,
                            "weight": b.weight}
+    if "share" in cfg.phases:
+        for name, weight in SHARE_WEIGHTS.items():
+            out[name] = {"priority": cfg.ab_priority, "ttft_ms": cfg.ab_ttft_ms, "weight": weight}
     return out
 
 
@@ -716,8 +795,9 @@ async def setup(api: AdminApi, cfg: FairnessConfig, made: Made, run_id: str, log
         made.assignments[role] = await api.assign(pid, tenant_id)
         key_id, secret = await api.issue_key(tenant_id, f"{NAME_PREFIX}-{role}")
         made.keys[role], made.secrets[role] = (tenant_id, key_id), secret
+        weight = float(policy.get("weight", 1.0))
         log(f"tenant {role}: {name} (priority {policy['priority']}, TTFT target {policy['ttft_ms']} ms"
-            f"{', sheddable' if policy.get('sheddable') else ''})")
+            f"{', sheddable' if policy.get('sheddable') else ''}{f', weight {weight:g}' if weight != 1.0 else ''})")
 
 
 async def cleanup(api: AdminApi, made: Made) -> dict[str, Any]:
@@ -776,6 +856,11 @@ def drivers(cfg: FairnessConfig, phase: str, secrets: Mapping[str, str]) -> list
                        prompt_words=cfg.band_prompt_words, max_tokens=cfg.band_max_tokens, window_s=cfg.duration_s,
                        concurrency=cfg.band_streams(), honour_retry_after=True, retry_pause_s=0.05, **common)
                 for band in cfg.bands]
+    if phase == "share":
+        return [Driver(tenant=name, phase=phase, api_key=secrets[name], prompt_words=cfg.share_prompt_words,
+                       max_tokens=cfg.share_max_tokens, window_s=cfg.duration_s, concurrency=cfg.share_streams(),
+                       honour_retry_after=True, retry_pause_s=0.05, **common)
+                for name in SHARE_WEIGHTS]
     raise ValueError(f"unknown phase {phase!r}; choose from {', '.join(PHASES)}")
 
 
@@ -920,7 +1005,8 @@ async def run_async(cfg: FairnessConfig, *, log: Callable[[str], None] = print,
                   "timed at the client, each tenant's load in its own process; TTFT = sending to the first SSE "
                   "chunk with content text; tokens/s = completion tokens received / the tenant's time from its "
                   "first send to its last end; attainment = completed requests within the policy's ttft_ms / "
-                  "completed requests",
+                  "completed requests; weighted tokens = prompt tokens (the stream's usage report) + 2 x "
+                  "completion tokens, as the gateway's fair share counts them",
         "tenants": tenants,
         **figures,
         "cleanup": cleaned,

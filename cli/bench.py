@@ -657,7 +657,8 @@ def fairness(  # noqa: PLR0917 - typer options
     duration_s: Annotated[float, typer.Option("--duration", min=1, help="Seconds of each phase (of B's window "
                                               "in a_flood_b).")] = 60.0,
     phase: Annotated[list[str] | None, typer.Option(
-        "--phase", help="b_alone, a_flood_b and/or bands (repeat; default all three, in that order).")] = None,
+        "--phase", help="b_alone, a_flood_b, bands and/or share (repeat; default all four, in that order).")]
+    = None,
     b_interval_s: Annotated[float, typer.Option(
         "--b-interval", min=0.01, help="Seconds between tenant B's short requests (open loop: on schedule even "
         "while earlier ones run).")] = 0.5,
@@ -667,6 +668,11 @@ def fairness(  # noqa: PLR0917 - typer options
     band_concurrency: Annotated[int | None, typer.Option(
         "--band-concurrency", min=1, show_default=False,
         help="Streams in flight per tenant of the bands phase (default --a-concurrency // 2).")] = None,
+    share_concurrency: Annotated[int | None, typer.Option(
+        "--share-concurrency", min=1, show_default=False,
+        help="Streams in flight per tenant of the share phase (weights 2 and 1 in one band; default "
+        "--a-concurrency // 2). Both tenants' streams together must pass the model's concurrency limit, or "
+        "nothing waits and the weights have nothing to share.")] = None,
     lead_s: Annotated[float, typer.Option(
         "--lead", min=0, help="Seconds A floods before B's window of a_flood_b opens.")] = 5.0,
     gap_s: Annotated[float, typer.Option("--gap", min=0, help="Seconds between phases (the queue drains).")]
@@ -700,7 +706,8 @@ def fairness(  # noqa: PLR0917 - typer options
 ) -> None:
     """Flow control from outside, on a running Baton (`scripts/up`): tenant B's TTFT alone and beside tenant
     A's flood (target p99 ratio <= 1.5, A refused with 429 only), and SLO attainment of priority bands
-    90/50/10 (top band >= 0.99). Makes its own tenants, policies and keys through the admin API and deletes
+    90/50/10 (top band >= 0.99), and the token shares of two backlogged tenants of weights 2 and 1 in one band
+    (their ratio within 10% of 2). Makes its own tenants, policies and keys through the admin API and deletes
     them afterwards."""
     import os
 
@@ -724,6 +731,7 @@ def fairness(  # noqa: PLR0917 - typer options
              BandSpec("low", 10, low_ttft_ms, sheddable=True))
     cfg = FairnessConfig(base_url=base_url, admin_token=token, model=model, duration_s=duration_s, phases=phases,
                          b_interval_s=b_interval_s, a_concurrency=a_concurrency, band_concurrency=band_concurrency,
+                         share_concurrency=share_concurrency,
                          lead_s=lead_s, gap_s=gap_s, a_retry_pause_s=a_retry_pause_s, ab_ttft_ms=ab_ttft_ms,
                          bands=bands, request_timeout_s=request_timeout_s, warmup_requests=warmup,
                          processes=processes, seed=seed)
@@ -764,6 +772,12 @@ def _print_fairness(res: dict[str, Any]) -> None:
                       f"{_fmt(a['attainment'], 3)} of {a['completed']} completed within {a['ttft_ms']} ms "
                       f"({_fmt(a['attainment_of_sent'], 3)} of {a['sent']} sent); "
                       f"{_fmt(None if share is None else 100 * share, 1)}% of the tokens")
+    share = res["phases"].get("share", {}).get("share")
+    if share:
+        served = ", ".join(f"{n} (weight {share['weights'][n]:g}) {_fmt(v, 0)}"
+                           for n, v in share["weighted_tokens"].items())
+        console.print(f"share, prompt + 2 x completion tokens: {served}; ratio {_fmt(share['ratio'], 3)} against "
+                      f"the weights' {share['weight_ratio']:g} (error {_fmt(share['error'], 3)})")
     for phase, j in res["derived"]["jain_index"].items():
         console.print(f"Jain's index over tokens/s / weight, {phase}: {_fmt(j, 3)}")
     for name, row in res["targets"].items():

@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 
 from baton.bench import docreport, gateway, report, stats
+from baton.bench import fairness as fb
 from baton.bench.gateway import GatewayConfig
 from baton.bench.path import markdown
 from baton.bench.pd import PdConfig
@@ -137,12 +138,43 @@ def _pd() -> dict[str, Any]:
                                                      "transfer_lower_bound_ms": 0.1, "configs": configs}]}}
 
 
+def _fairness() -> dict[str, Any]:
+    """A fairness result as ``baton bench fairness`` builds it, from made-up outcomes of every phase."""
+
+    def o(kind: str, ttft_ms: float | None = None, tokens: int = 0, retry_after: str | None = None,
+          prompt: int = 0) -> dict[str, Any]:
+        return dataclasses.asdict(fb.Outcome(kind=kind, status=int(kind) if kind.isdigit() else 0,
+                                             ttft_s=None if ttft_ms is None else ttft_ms / 1000.0,
+                                             completion_tokens=tokens, retry_after=retry_after, prompt_tokens=prompt,
+                                             usage=kind == "200"))
+
+    def t(name: str, outs: list[dict[str, Any]]) -> dict[str, Any]:
+        return {"tenant": name, "elapsed_s": 10.0, "outcomes": outs}
+
+    raw = {
+        "b_alone": [t("b", [o("200", 100 + i, 16, prompt=30) for i in range(100)])],  # p99 198.01 ms
+        "a_flood_b": [t("a", [o("200", 900, 128, prompt=400) for _ in range(50)] + [o("429", None, 0, "1")] * 30
+                        + [o("503")]),
+                      t("b", [o("200", 120 + i, 16, prompt=30) for i in range(100)])],  # p99 218.01 ms
+        "bands": [t("high", [o("200", 100, 64, prompt=160)] * 99 + [o("200", 600, 64, prompt=160)]),
+                  t("mid", [o("200", 800, 64, prompt=160)] * 30 + [o("200", 1200, 64, prompt=160)] * 10),
+                  t("low", [o("200", 900, 64, prompt=160)] * 10 + [o("429", None, 0, "2")] * 39 + [o("429")])],
+        "share": [t("w2", [o("200", 300, 50, prompt=100)] * 43), t("w1", [o("200", 300, 50, prompt=100)] * 20)],
+    }
+    cfg = fb.FairnessConfig(admin_token="bt_admin", duration_s=10.0, a_concurrency=8)
+    return report._clean({
+        "benchmark": "fairness", "config": fb.config_dict(cfg),
+        "tenants": {role: {"name": f"bench-fairness-abc123-{role}", "policy": policy}
+                    for role, policy in fb.roles(cfg).items()},
+        **fb.summarize(cfg, raw), "cleanup": {"deleted": {}, "errors": []}})
+
+
 def _committed(name: str) -> dict[str, Any]:
     data: dict[str, Any] = json.loads((DOCS / name).read_text())
     return data
 
 
-BUILDERS = {"serve": _serve, "gateway": _gateway, "handoff": _handoff, "pd": _pd,
+BUILDERS = {"serve": _serve, "gateway": _gateway, "handoff": _handoff, "pd": _pd, "fairness": _fairness,
             "path": lambda: _committed("bench-path.json"), "recovery": lambda: _committed("bench-recovery.json"),
             "chaos-default-topology": lambda: json.loads((Path(__file__).parent / "data" / "chaos-result.json")
                                                          .read_text())}
@@ -236,6 +268,60 @@ def test_a_chaos_run_its_invariants_and_recovery(tmp_path: Path) -> None:
     assert "From [`chaos-default-topology.json`](chaos-default-topology.json)" in text
     text = _render(tmp_path, "chaos", {**result, "benchmark": "chaos"})  # the name needs only the chaos- prefix
     assert "| 3,710 | 3,709 |" in text
+
+
+def test_fairness_a_table_per_phase_then_the_targets() -> None:
+    text = docreport.render("fairness", _fairness())
+    head = ("| tenant | priority | weight | sheddable | sent | completed | 200 | 429 | 503 | 5xx | timeouts | "
+            "other errors | Retry-After on every 429 | TTFT p50 | TTFT p90 | TTFT p99 | tokens/s |")
+    assert text.count(head) == 4  # one table per phase
+    assert text.index("`b_alone`: B alone") < text.index("`a_flood_b`: A keeps 8 streams") < text.index(
+        "`bands`: 4 streams") < text.index("`share`: two tenants of weights 2 and 1") < text.index(
+        "Against the targets")
+    assert "| b | 50 | 1 | no | 100 | 100 | 100 | 0 | 0 | 0 | 0 | 0 | no 429 | 149.5 | 189.1 | 198.0 | 160.0 |" in text
+    assert "| a | 50 | 1 | no | 81 | 50 | 50 | 30 | 1 | 0 | 0 | 0 | yes | 900.0 | 900.0 | 900.0 | 640.0 |" in text
+    assert "| low | 10 | 1 | yes | 50 | 10 | 10 | 40 | 0 | 0 | 0 | 0 | **no** (1 without) | 900.0 |" in text
+    assert "| high | 90 | 500 ms | 0.990 | 0.990 | 67% |" in text  # the bands' attainment and token shares
+    assert "| low | 10 | 1000 ms | 1.000 | 0.200 | 7% |" in text
+    assert "| w2 | 50 | 2 | no | 43 | 43 | 43 | 0 |" in text and "| w1 | 50 | 1 | no | 20 | 20 | 20 | 0 |" in text
+    assert ("prompt + 2 x completion, from each stream's usage report): w2 (weight 2) 8,600, w1 (weight 1) 4,000; "
+            "ratio 2.15 against the weights' 2 (error 7.5%).") in text
+    assert "| B's TTFT p99 beside A's flood / alone | <= 1.5 | 218.0 ms / 198.0 ms = 1.10 | yes |" in text
+    assert "| A refused with 429 only: its 503 / 5xx / client timeouts | 0 / 0 / 0 | 1 / 0 / 0 | **no** |" in text
+    assert "| every 429 with Retry-After | all | 69 of 70 | **no** |" in text
+    assert ("| top band (high, priority 90): completed requests with TTFT <= 500 ms | >= 0.99 | 0.990 | yes |"
+            in text)
+    assert ("| share: weight-2 tenant's tokens / weight-1 tenant's (prompt + 2 x completion) | within 10% of 2 | "
+            "2.15 (error 7.5%) | yes |") in text
+
+
+def test_fairness_targets_for_the_summary_leave_out_what_did_not_run(tmp_path: Path) -> None:
+    rows = docreport.TARGETS["fairness"](_fairness())
+    assert [r[3] for r in rows] == ["yes", "**no**", "**no**", "yes", "yes"]
+    assert all(r[0].startswith("flow control: ") for r in rows)
+    assert rows[-1][1:] == ["within 10% of 2", "2.15 (error 7.5%)", "yes"]
+    # only the share phase ran: its row and Retry-After's; the section's table says n/a for the others
+    cfg = fb.FairnessConfig(phases=("share",))
+    outs = [dataclasses.asdict(fb.Outcome(kind="200", ttft_s=0.3, completion_tokens=50, prompt_tokens=100,
+                                          usage=True))]
+    only = report._clean({"benchmark": "fairness", "config": fb.config_dict(cfg),
+                          "tenants": {r: {"name": r, "policy": p} for r, p in fb.roles(cfg).items()},
+                          **fb.summarize(cfg, {"share": [{"tenant": "w2", "elapsed_s": 1.0, "outcomes": outs * 3},
+                                                         {"tenant": "w1", "elapsed_s": 1.0, "outcomes": outs * 2}]})})
+    rows = docreport.TARGETS["fairness"](only)
+    assert [r[2:] for r in rows] == [["0 of 0", "yes"], ["1.50 (error 25.0%)", "**no**"]]
+    text = docreport.render("fairness", only)
+    assert "| B's TTFT p99 beside A's flood / alone | <= 1.5 | n/a | n/a |" in text
+    assert "| A refused with 429 only: its 503 / 5xx / client timeouts | 0 / 0 / 0 | n/a | n/a |" in text
+    assert "| top band: completed requests | >= 0.99 | n/a | n/a |" in text
+    # in the summary, beside the other results, once its JSON exists
+    assert "fairness" in docreport.SUMMARY
+    assert "flow control" not in docreport.render_block("summary", tmp_path)  # no JSON: no rows, no error
+    report.write_json(tmp_path / "bench-fairness.json", {**_fairness(), "provenance": PROV})
+    out = docreport.render_block("summary", tmp_path)
+    assert out.count("| flow control: ") == 5 and "[`bench-fairness.json`](bench-fairness.json), 2026-12-03 |" in out
+    assert "3 of 5 targets met" in out
+    assert "baton bench x" in docreport.render_block("fairness", tmp_path)  # its block: tables and provenance
 
 
 def test_a_result_of_an_unknown_benchmark_is_refused(tmp_path: Path) -> None:

@@ -103,6 +103,7 @@ def test_stream_reading_times_the_first_content_chunk_and_takes_usage() -> None:
     assert reading.first_content_at == pytest.approx(0.04)
     assert reading.content_chunks == 3
     assert reading.tokens == 3
+    assert reading.prompt_tokens == 5  # the usage report's, for the share's prompt + 2 x completion
     assert reading.done and reading.finished and reading.complete
 
 
@@ -111,6 +112,7 @@ def test_stream_reading_without_usage_counts_content_chunks_and_flags_errors() -
     assert not r.on_event("message", _chunk("a")[6:], 1.0)
     assert not r.on_event("message", _chunk("b")[6:], 2.0)
     assert r.tokens == 2 and not r.complete  # no [DONE], no finish_reason
+    assert r.prompt_tokens is None and r.usage_tokens is None
     assert r.on_event("error", json.dumps({"error": {"message": "engine gone"}}), 3.0)
     assert r.error == "stream error: engine gone" and not r.complete
     bad = fb.StreamReading()
@@ -143,6 +145,7 @@ def test_send_chat_reads_a_stream_and_refusals() -> None:
 
     o = _send(ok)
     assert (o.kind, o.status, o.completion_tokens) == ("200", 200, 2)
+    assert o.usage is True and o.prompt_tokens == 5
     assert o.ttft_s is not None and 0 <= o.ttft_s <= o.latency_s
     assert seen["auth"] == "Bearer bt_key"
     assert seen["body"]["stream"] is True and seen["body"]["max_tokens"] == 4
@@ -176,10 +179,11 @@ def test_send_chat_reads_a_stream_and_refusals() -> None:
 
 # --- summaries ------------------------------------------------------------------------------------------
 
-def _o(kind: str, ttft_ms: float | None = None, tokens: int = 0, retry_after: str | None = None) -> dict[str, Any]:
+def _o(kind: str, ttft_ms: float | None = None, tokens: int = 0, retry_after: str | None = None, *,
+       prompt: int = 0) -> dict[str, Any]:
     return asdict(fb.Outcome(kind=kind, status=int(kind) if kind.isdigit() else 0,
                              ttft_s=None if ttft_ms is None else ttft_ms / 1000.0, completion_tokens=tokens,
-                             retry_after=retry_after))
+                             retry_after=retry_after, prompt_tokens=prompt, usage=kind == "200"))
 
 
 def test_summarize_tenant_counts_outcomes_and_retry_after() -> None:
@@ -194,6 +198,8 @@ def test_summarize_tenant_counts_outcomes_and_retry_after() -> None:
     assert s["ttft_ms"]["mean"] == pytest.approx(200.0)
     assert s["completion_tokens"] == 24  # tokens received, a timed-out stream's too
     assert s["tokens_per_s"] == pytest.approx(12.0)
+    assert s["prompt_tokens"] == 0 and s["weighted_tokens"] == 48
+    assert s["completed_without_usage"] == 0
 
 
 def _made_up_raw() -> dict[str, list[dict[str, Any]]]:
@@ -210,7 +216,17 @@ def _made_up_raw() -> dict[str, list[dict[str, Any]]]:
         "bands": [{"tenant": "high", "elapsed_s": 10.0, "outcomes": high},
                   {"tenant": "mid", "elapsed_s": 10.0, "outcomes": mid},
                   {"tenant": "low", "elapsed_s": 10.0, "outcomes": low}],
+        "share": _share_raw(w2_requests=41),
     }
+
+
+def _share_raw(*, w2_requests: int, w1_requests: int = 20) -> list[dict[str, Any]]:
+    """Each completed request: 100 prompt tokens and 50 completion tokens, 200 as the gateway counts them."""
+    def outs(n: int) -> list[dict[str, Any]]:
+        return [_o("200", 300, 50, prompt=100) for _ in range(n)]
+
+    return [{"tenant": "w2", "elapsed_s": 10.0, "outcomes": [*outs(w2_requests), _o("429", None, 0, "1")]},
+            {"tenant": "w1", "elapsed_s": 10.0, "outcomes": outs(w1_requests)}]
 
 
 def test_summary_derives_the_ratio_attainment_shares_and_targets() -> None:
@@ -227,12 +243,63 @@ def test_summary_derives_the_ratio_attainment_shares_and_targets() -> None:
     assert att["low"]["sheddable"] is True and att["high"]["ttft_ms"] == 500
     assert d["bands_token_share"] == pytest.approx({"high": 6400 / 9600, "mid": 2560 / 9600, "low": 640 / 9600})
     assert d["jain_index"]["bands"] == pytest.approx(fb.jain_index([640.0, 256.0, 64.0]))
-    assert set(d["jain_index"]) == {"a_flood_b", "bands"}
+    assert set(d["jain_index"]) == {"a_flood_b", "bands", "share"}
+    assert d["jain_index"]["share"] == pytest.approx(fb.jain_index([205.0, 100.0], [2.0, 1.0]))
+    # the share: prompt + 2 x completion tokens of each tenant, w2's over w1's, against the weights' 2
+    share = res["phases"]["share"]["share"]
+    assert share["weighted_tokens"] == {"w2": 41 * 200, "w1": 20 * 200}
+    assert share["weights"] == {"w2": 2.0, "w1": 1.0} and share["priority"] == 50
+    assert d["share_weighted_tokens"] == {"w2": 8200, "w1": 4000}
+    assert d["share_ratio"] == pytest.approx(2.05) and d["share_weight_ratio"] == 2.0
+    assert d["share_error"] == pytest.approx(0.025)
+    assert res["phases"]["share"]["tenants"]["w2"]["prompt_tokens"] == 4100
     assert len(res["b_ttft_ms_samples"]["b_alone"]) == 100
     t = res["targets"]
     assert t["b_ttft_p99_ratio"]["met"] is True and t["b_ttft_p99_ratio"]["target"] == 1.5
     assert t["top_band_attainment"]["met"] is True
+    assert t["share_within_10pct_of_weights"] == {"measured": pytest.approx(0.025), "target": 0.10, "op": "<=",
+                                                  "met": True}
     assert res["met"] is True
+
+
+@pytest.mark.parametrize(("w2_requests", "met"), [(43, True), (37, True), (45, False), (35, False), (20, False)])
+def test_the_share_is_judged_within_10_percent_of_the_weights(w2_requests: int, met: bool) -> None:
+    # w1 served 20 requests: w2's 43 and 37 are ratios 2.15 and 1.85, within 10% of 2; 45 and 35 are not
+    res = fb.summarize(fb.FairnessConfig(phases=("share",)), {"share": _share_raw(w2_requests=w2_requests)})
+    assert res["derived"]["share_ratio"] == pytest.approx(w2_requests / 20)
+    assert res["targets"]["share_within_10pct_of_weights"]["met"] is met
+    assert res["met"] is met  # the only target judged
+
+
+def test_a_share_without_w1_tokens_is_not_judged() -> None:
+    raw = _share_raw(w2_requests=10, w1_requests=0)
+    res = fb.summarize(fb.FairnessConfig(phases=("share",)), {"share": raw})
+    assert res["derived"]["share_ratio"] is None and res["derived"]["share_error"] is None
+    assert res["targets"]["share_within_10pct_of_weights"]["met"] is None
+
+
+def test_weighted_tokens_and_the_share_error() -> None:
+    assert fb.weighted_tokens(100, 50) == 200  # a generated token costs two prompt tokens, as in the gateway
+    assert fb.share_error(2.2, 2.0) == pytest.approx(0.1)
+    assert fb.share_error(1.8, 2.0) == pytest.approx(0.1)
+    assert fb.share_error(None, 2.0) is None
+    assert fb.share_error(math.nan, 2.0) is None
+
+
+def test_the_share_phase_two_tenants_in_one_band_weighted_2_and_1() -> None:
+    cfg = fb.FairnessConfig(a_concurrency=10, phases=("share",))
+    assert fb.PHASES == ("b_alone", "a_flood_b", "bands", "share")  # the share last, after the bands
+    roles = fb.roles(cfg)
+    assert roles == {"w2": {"priority": 50, "ttft_ms": 1000, "weight": 2.0},
+                     "w1": {"priority": 50, "ttft_ms": 1000, "weight": 1.0}}
+    assert fb.policy_body("n", tpot_ms=1000, **roles["w2"])["weight"] == 2.0
+    assert "weight" not in fb.policy_body("n", tpot_ms=1000, **roles["w1"])
+    ds = fb.drivers(cfg, "share", {"w2": "bt_2", "w1": "bt_1"})
+    assert [(d.tenant, d.api_key, d.concurrency) for d in ds] == [("w2", "bt_2", 5), ("w1", "bt_1", 5)]
+    assert all(d.interval_s is None and d.honour_retry_after and d.window_s == cfg.duration_s for d in ds)
+    assert len({(d.prompt_words, d.max_tokens) for d in ds}) == 1  # the same requests: only the weights differ
+    assert fb.config_dict(cfg)["share_concurrency"] == 5
+    assert fb.config_dict(fb.FairnessConfig(share_concurrency=3))["share_concurrency"] == 3
 
 
 def test_summary_fails_targets_on_a_5xx_a_bare_429_and_a_slow_b() -> None:
@@ -295,6 +362,7 @@ class FakeBaton:
         self.limits: dict[str, dict[str, Any]] = {}
         self.calls: list[str] = []
         self.chat: dict[str, int] = {}
+        self.created_policies: list[dict[str, Any]] = []
 
     def __call__(self, request: httpx.Request) -> httpx.Response:
         path, method = request.url.path, request.method
@@ -329,6 +397,7 @@ class FakeBaton:
             case "POST", ["slo-policies"]:
                 pid = str(uuid.uuid4())
                 self.policies[pid] = body
+                self.created_policies.append(body)
                 return httpx.Response(201, json={"id": pid, **body})
             case "POST", ["slo-assignments"]:
                 aid = str(uuid.uuid4())
@@ -382,13 +451,13 @@ def test_a_whole_run_against_a_fake_baton_cleans_up_after_itself(tmp_path: Path,
     assert fake.tenants == {"other": "demo"}
     assert fake.policies == {"keep": {"name": "gold"}}
     assert fake.assignments == {}
-    assert all(k["revoked"] for k in fake.keys.values()) and len(fake.keys) == 5
-    assert res["cleanup"] == {"deleted": {"assignments": 5, "policies": 5, "keys": 5, "tenants": 5}, "errors": []}
-    assert len(fake.grants) == 5
+    assert all(k["revoked"] for k in fake.keys.values()) and len(fake.keys) == 7
+    assert res["cleanup"] == {"deleted": {"assignments": 7, "policies": 7, "keys": 7, "tenants": 7}, "errors": []}
+    assert len(fake.grants) == 7
     assert all(lim == fb.GENEROUS_LIMITS for lim in fake.limits.values())
     created = [p for p in fake.calls if p == "POST /slo-policies"]
-    assert len(created) == 5
-    assert set(bars) == {"b_alone", "a_flood_b", "bands"} and bars["b_alone"] == 1
+    assert len(created) == 7
+    assert set(bars) == {"b_alone", "a_flood_b", "bands", "share"} and bars["b_alone"] == 1
 
     assert res["benchmark"] == "fairness" and "admin_token" not in res["config"]
     assert res["tenants"]["high"]["policy"]["priority"] == 90
@@ -401,13 +470,23 @@ def test_a_whole_run_against_a_fake_baton_cleans_up_after_itself(tmp_path: Path,
     assert res["phases"]["bands"]["tenants"]["low"]["status"]["429"] > 0
     assert res["derived"]["top_band_attainment"] == 1.0
     assert set(res["targets"]) == {"b_ttft_p99_ratio", "a_never_5xx_or_timeout", "every_429_had_retry_after",
-                                   "top_band_attainment"}
+                                   "top_band_attainment", "share_within_10pct_of_weights"}
+    # the share's tenants: weights 2 and 1 in band 50; each answer 5 prompt and 4 completion tokens (usage)
+    assert res["tenants"]["w2"]["policy"] == {"priority": 50, "ttft_ms": 1000, "weight": 2.0}
+    assert {p.get("weight") for p in fake.created_policies if p["name"].endswith(("-w2", "-w1"))} == {2.0, None}
+    sh = res["phases"]["share"]["tenants"]
+    for name in ("w2", "w1"):
+        assert sh[name]["completed"] > 0 and sh[name]["completed_without_usage"] == 0
+        assert sh[name]["weighted_tokens"] == sh[name]["completed"] * (5 + 2 * 4)
+    assert res["derived"]["share_ratio"] == pytest.approx(sh["w2"]["completed"] / sh["w1"]["completed"])
+    assert res["targets"]["share_within_10pct_of_weights"]["measured"] == res["derived"]["share_error"]
 
     from baton.cli.bench import _print_fairness
 
     _print_fairness(res)  # the command's summary table reads every figure it names
     out = capsys.readouterr().out
     assert "baton bench fairness" in out and "top_band_attainment" in out and "band low" in out
+    assert "share_within_10pct_of_weights" in out and "w2 (weight 2)" in out
 
     path = report.write_json(tmp_path / "bench-fairness.json", res)
     loaded = json.loads(path.read_text())
