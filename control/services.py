@@ -95,12 +95,14 @@ class ControlPlane:
     catalogue: Any  # baton.control.catalogue.Catalogue
     slo: Any  # baton.control.policies.SloPolicies
     planning: Any  # baton.control.planning.Planning
+    flow: Any  # baton.control.flow.FlowMonitor
 
     @classmethod
     def build(cls, settings: Settings, db: Database, *, redis_client: Any,
               notify: Notifier | None = None) -> ControlPlane:
         """``redis_client``: the process's synchronous ``redis.Redis``."""
         from baton.control.catalogue import Catalogue
+        from baton.control.flow import FlowMonitor
         from baton.control.planning import Planning
         from baton.control.policies import SloPolicies
         from baton.control.tenancy import Tenancy
@@ -116,4 +118,5 @@ class ControlPlane:
             catalogue=Catalogue(settings, db, notify),
             slo=SloPolicies(settings, db, notify),
             planning=Planning(settings, db),
+            flow=FlowMonitor(db, redis_client),
         )

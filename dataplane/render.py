@@ -231,6 +231,9 @@ def engine_kwargs(spec: DeploymentSpec, role: Role) -> dict[str, Any]:
         # decode engine reports the prefill engine's reuse (kv_transfer_params.remote_prefill_cached_tokens),
         # not the prompt it received over NIXL
         "enable_prompt_tokens_details": True,
+        # the gateway sends each request's flow-control band as vLLM's `priority` (lower goes first), so the
+        # engine's waiting queue orders as the gateway's does (baton.api.gateway.service.engine_priority)
+        "scheduling_policy": "priority",
     }
     if e.max_num_batched_tokens is not None:
         kwargs["max_num_batched_tokens"] = e.max_num_batched_tokens

@@ -15,6 +15,7 @@ from baton.control.catalogue import (
     NewModel,
     Replicas,
 )
+from baton.control.flow import FlowOverview
 from baton.control.policies import AssignmentView, NewAssignment, NewPolicy, PolicyView
 from baton.control.views import UNSET
 
@@ -23,6 +24,7 @@ from .schemas import (
     DeploymentPublic,
     DeploymentStatus,
     DeploymentUpdate,
+    FlowPublic,
     ModelCreate,
     ModelPublic,
     ModelUpdate,
@@ -104,3 +106,10 @@ def new_policy(body: SloPolicyCreate) -> NewPolicy:
 
 def new_assignment(body: SloAssignmentCreate) -> NewAssignment:
     return NewAssignment(policy_id=body.policy_id, tenant_id=body.tenant_id, model_id=body.model_id)
+
+
+# --- flow control ---------------------------------------------------------------------------------
+
+def flow_public(v: FlowOverview) -> FlowPublic:
+    """The merged queue view (:class:`~baton.control.flow.FlowOverview`) as ``/admin/v1/flow`` answers it."""
+    return FlowPublic.model_validate(v)

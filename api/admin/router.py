@@ -2,9 +2,9 @@
 
 from fastapi import APIRouter
 
-from . import access, deployments, keys, limits, models, records, slo, tenants, users
+from . import access, deployments, flow, keys, limits, models, records, slo, tenants, users
 from .problems import PROBLEM_RESPONSES, ProblemRoute
 
 router = APIRouter(route_class=ProblemRoute, responses=PROBLEM_RESPONSES)
-for module in (tenants, users, keys, limits, access, models, deployments, slo, records):
+for module in (tenants, users, keys, limits, access, models, deployments, slo, records, flow):
     router.include_router(module.router)

@@ -98,6 +98,40 @@ def slo_report(uow: UnitOfWork, tenant_id: uuid.UUID, *, since: dt.datetime, unt
     return {"since": since.isoformat(), "until": until.isoformat(), "window_s": seconds, "models": models}
 
 
+def flow_report(uow: UnitOfWork, tenant_id: uuid.UUID, *, since: dt.datetime, until: dt.datetime) -> dict[str, Any]:
+    """Per model, what the gateway's flow control did to the tenant's requests over the window: queue wait
+    p50/p99 (of the requests with a recorded wait), refusals (429 ``model_overloaded``; 503
+    ``model_unavailable``), the same per SLO class, and the share of requests whose first token met the
+    TTFT target of the policy in force (refused and failed requests count as missed; null without a policy)."""
+    classes: dict[str, list[dict[str, Any]]] = {}
+    for model_name, klass, n, queued, pcts, over, unavail in uow.requests.flow_stats(
+            tenant_id, since=since, until=until, by_class=True):
+        classes.setdefault(model_name, []).append({
+            "flow_class": klass, "requests": n, "queued": queued, "queue_ms": _flow_pcts(pcts),
+            "refused": over, "unavailable": unavail})
+    models: list[dict[str, Any]] = []
+    for model_name, _, n, queued, pcts, over, unavail in uow.requests.flow_stats(tenant_id, since=since,
+                                                                                   until=until):
+        model = uow.models.by_name(model_name)
+        policy = uow.slo_assignments.effective(tenant_id, model.id) if model is not None else None
+        met = (uow.requests.count_ttft_met(tenant_id, model_name, since=since, until=until,
+                                           ttft_ms=policy.ttft_ms) if policy is not None else None)
+        models.append({
+            "model": model_name, "requests": n, "queued": queued, "queue_ms": _flow_pcts(pcts),
+            "refused": over, "unavailable": unavail,
+            "policy": {"name": policy.name, "ttft_ms": policy.ttft_ms} if policy is not None else None,
+            "ttft_met": met, "ttft_attainment": met / n if met is not None and n else None,
+            "classes": classes.get(model_name, []),
+        })
+    return {"since": since.isoformat(), "until": until.isoformat(),
+            "window_s": max((until - since).total_seconds(), 1.0), "models": models}
+
+
+def _flow_pcts(values: list[float | None] | None) -> dict[str, float | None]:
+    p50, p99 = ([*values, None, None][:2]) if values else (None, None)
+    return {"p50": float(p50) if p50 is not None else None, "p99": float(p99) if p99 is not None else None}
+
+
 def request_summary(row: m.RequestRecord) -> dict[str, Any]:
     return {
         "id": str(row.id), "model": row.model, "deployment": row.deployment, "endpoint": row.endpoint,
@@ -106,6 +140,7 @@ def request_summary(row: m.RequestRecord) -> dict[str, Any]:
         "completion_tokens": row.completion_tokens, "ttft_ms": row.ttft_ms, "tpot_ms": row.tpot_ms,
         "e2e_ms": row.e2e_ms, "kv_bytes": row.kv_bytes, "handoff_ms": row.handoff_ms,
         "recovery_steps": len(row.recovery_steps or []), "trace_id": row.trace_id,
+        "queue_ms": row.queue_ms, "flow_class": row.flow_class,
         "started_at": row.started_at.isoformat(), "api_key_id": str(row.api_key_id) if row.api_key_id else None,
     }
 

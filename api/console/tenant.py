@@ -200,6 +200,16 @@ def slo(ctx: Ctx, user: TenantUser, hours: Annotated[int, Query(ge=1, le=24 * 90
     return out
 
 
+@router.get("/flow")
+def flow(ctx: Ctx, user: TenantUser, hours: Annotated[int, Query(ge=1, le=24 * 90)] = 24) -> dict[str, Any]:
+    """Flow control on the organisation's requests over the last ``hours``: per model (and SLO class) the
+    queue wait p50/p99, the requests refused as overloaded, and the share that met the policy's TTFT."""
+    since, until = _window(hours)
+    with ctx.db.tenant(_tid(user)) as uow:
+        out: dict[str, Any] = queries.flow_report(uow, _tid(user), since=since, until=until)
+    return out
+
+
 @router.get("/requests")
 def list_requests(ctx: Ctx, user: TenantUser, limit: Annotated[int, Query(ge=1, le=500)] = 50,
                   offset: Annotated[int, Query(ge=0, le=1_000_000)] = 0,

@@ -412,7 +412,8 @@ class Gateway:
         client_ids = bool(call.payload.get("return_token_ids"))
         if can_resume:
             call.payload["return_token_ids"] = True
-        body, client_usage = upstream_body(call, principal.cache_salt)
+        body, client_usage = upstream_body(call, principal.cache_salt,
+                                           engine_priority(principal.flow_class(call.grant.name).priority))
         rl_start = time.time_ns() if span is not None else 0
         decision = await self.limiter.admit(rid, principal.limit_scopes, call.prompt_tokens + call.completion_budget)
         if span is not None and self.tracer is not None:
@@ -518,17 +519,25 @@ class Gateway:
         flow.poke()
 
 
-def upstream_body(call: Call, salt: str) -> tuple[bytes, bool]:
+def engine_priority(band: int) -> int:
+    """vLLM's request ``priority`` for a flow-control band: the engines run the priority scheduling policy,
+    where a lower value goes first (band 100 -> 0, band 0 -> 100)."""
+    return 100 - min(max(band, 0), 100)
+
+
+def upstream_body(call: Call, salt: str, priority: int = 50) -> tuple[bytes, bool]:
     """The engine's request body and whether the client itself asked for stream usage.
 
-    Server-controlled fields are replaced (the tenant's ``cache_salt``), stream usage is always
-    requested. Integers beyond 64 bits (which orjson refuses) are written by the standard library;
-    anything JSON cannot carry at all is the client's error (400), before any limit is spent."""
+    Server-controlled fields are replaced (the tenant's ``cache_salt``, the ``priority`` of its band),
+    stream usage is always requested. Integers beyond 64 bits (which orjson refuses) are written by the
+    standard library; anything JSON cannot carry at all is the client's error (400), before any limit is
+    spent."""
     payload = call.payload
     for name in SERVER_FIELDS:
         payload.pop(name, None)
     if call.endpoint != "embeddings":  # an embedding engine keeps no prefix cache to partition
         payload["cache_salt"] = salt
+        payload["priority"] = priority
     client_usage = True
     if call.stream:
         options = payload.get("stream_options")

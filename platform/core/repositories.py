@@ -682,6 +682,40 @@ class RequestRecordRepository(Repository[m.RequestRecord]):
                     r.tpot_ms.is_(None) | (r.tpot_ms <= tpot_ms),
                 )) or 0)
 
+    def flow_stats(
+        self, tenant_id: uuid.UUID, *, since: dt.datetime, until: dt.datetime, by_class: bool = False,
+    ) -> list[tuple[str, str | None, int, int, list[float | None] | None, int, int]]:
+        """Flow control over requests started in ``[since, until)``, per model (and per SLO class with
+        ``by_class``; the class is None without one): ``(model, class, requests, queued, queue wait p50 and
+        p99 in ms, refused as overloaded (429 ``model_overloaded``), refused as unavailable (503
+        ``model_unavailable``))``; queued: requests with a recorded wait."""
+        r = m.RequestRecord
+        cls = r.flow_class if by_class else literal_column("NULL").label("flow_class")
+        stmt = (
+            select(r.model, cls, func.count(), func.count(r.queue_ms),
+                   func.percentile_cont([0.5, 0.99]).within_group(r.queue_ms),
+                   func.count().filter(r.error_code == "model_overloaded"),
+                   func.count().filter(r.error_code == "model_unavailable"))
+            .where(r.tenant_id == tenant_id, r.started_at >= since, r.started_at < until)
+            .group_by(r.model, *((r.flow_class,) if by_class else ()))
+            .order_by(r.model, *((r.flow_class,) if by_class else ()))
+        )
+        with translated():
+            rows = self.session.execute(stmt).all()
+        return [(model, klass, int(n), int(queued), list(pcts) if pcts is not None else None, int(over),
+                 int(unavail)) for model, klass, n, queued, pcts, over, unavail in rows]
+
+    def count_ttft_met(self, tenant_id: uuid.UUID, model: str, *, since: dt.datetime, until: dt.datetime,
+                       ttft_ms: float) -> int:
+        """Requests of ``model`` started in ``[since, until)`` whose first token came within ``ttft_ms``."""
+        r = m.RequestRecord
+        with translated():
+            return int(self.session.scalar(
+                select(func.count()).where(
+                    r.tenant_id == tenant_id, r.started_at >= since, r.started_at < until, r.model == model,
+                    r.ttft_ms.is_not(None), r.ttft_ms <= ttft_ms,
+                )) or 0)
+
     def timings(self, model: str, *, limit: int = 5000) -> list[dict[str, Any]]:
         """The newest ``limit`` completed requests of ``model`` as the planner's calibration reads them."""
         r = m.RequestRecord

@@ -18,7 +18,7 @@ pytestmark = pytest.mark.browser
 TENANT_PAGES = ["/console/", "/console/keys", "/console/models", "/console/usage", "/console/slo",
                 "/console/requests", "/console/playground"]
 OPERATOR_PAGES = ["/console/ops", "/console/ops/tenants", "/console/ops/models", "/console/ops/deployments",
-                  "/console/ops/slo", "/console/ops/planner", "/console/ops/users",
+                  "/console/ops/queues", "/console/ops/slo", "/console/ops/planner", "/console/ops/users",
                   "/console/ops/tokens", "/console/ops/audit"]
 VIEWPORTS = {"phone": (390, 844), "laptop": (1366, 768)}
 

@@ -3,6 +3,7 @@ import { ApiError, api, setCsrf, type SessionInfo } from "./api";
 import { SignIn, SignUp } from "./auth";
 import { ErrorMessage, Loading, Page } from "./components";
 import { AdminTokens, Audit, Deployments, ModelsCatalogue, OpsOverview, Planner, SloPolicies, TenantUsers, Tenants } from "./ops";
+import { Queues } from "./queues";
 import { Link, RouterProvider, useRoute } from "./router";
 import { Keys, Models, Overview, Playground, RequestPage, Requests, SloPage, UsagePage } from "./tenant";
 
@@ -21,6 +22,7 @@ const OPS_NAV: [string, string][] = [
   ["/ops/tenants", "Tenants"],
   ["/ops/models", "Models"],
   ["/ops/deployments", "Deployments"],
+  ["/ops/queues", "Queues"],
   ["/ops/slo", "SLO policies"],
   ["/ops/planner", "Planner"],
   ["/ops/users", "Users"],
@@ -100,6 +102,7 @@ function Shell() {
     else if (path === "/ops/tenants") page = <Tenants />;
     else if (path === "/ops/models") page = <ModelsCatalogue />;
     else if (path === "/ops/deployments") page = <Deployments />;
+    else if (path === "/ops/queues") page = <Queues />;
     else if (path === "/ops/slo") page = <SloPolicies />;
     else if (path === "/ops/planner") page = <Planner />;
     else if (path === "/ops/users") page = <TenantUsers />;

@@ -139,6 +139,10 @@ export interface RequestRow {
   trace_id: string | null;
   started_at: string;
   stream: boolean;
+  /** The wait in the gateway's flow-control queue (null: flow control off, or an older record). */
+  queue_ms: number | null;
+  /** The SLO class the request was queued as (its policy's name, `default` without one). */
+  flow_class: string | null;
 }
 
 export interface Span {
@@ -181,4 +185,68 @@ export interface CatalogueModel {
   params_b: number | null;
   granted: boolean;
   requested: boolean;
+}
+
+// --- flow control -------------------------------------------------------------------------------
+
+/** One tenant's traffic on one model, all gateway processes together (``/ops/flow``). */
+export interface FlowTenant {
+  tenant_id: string;
+  tenant_name: string | null;
+  display_name: string | null;
+  running: number;
+  waiting: number;
+  prompt_tokens: number;
+  completion_tokens: number;
+  queued_s: number;
+  rejected: Record<string, number>;
+  token_share: number | null;
+}
+
+export interface FlowProcess {
+  process: string;
+  limit: number | null;
+  running: number;
+  waiting: number;
+  dispatch_per_s: number | null;
+  upstream_ttft_s: number | null;
+  gradient: number | null;
+  tpot_floor_s: number | null;
+  tpot_s: number | null;
+}
+
+export interface FlowModel {
+  model: string;
+  limit: number | null;
+  running: number;
+  waiting: number;
+  bands: { priority: number; waiting: number }[];
+  dispatch_per_s: number | null;
+  rejected: Record<string, number>;
+  tenants: FlowTenant[];
+  processes: FlowProcess[];
+}
+
+export interface FlowOverview {
+  processes: string[];
+  models: FlowModel[];
+}
+
+export interface QueuePcts {
+  p50: number | null;
+  p99: number | null;
+}
+
+/** A tenant's requests under flow control, per model (``/tenant/flow``). */
+export interface FlowLevel {
+  model: string;
+  requests: number;
+  queued: number;
+  queue_ms: QueuePcts;
+  refused: number;
+  unavailable: number;
+  policy: { name: string; ttft_ms: number } | null;
+  ttft_met: number | null;
+  ttft_attainment: number | null;
+  classes: { flow_class: string | null; requests: number; queued: number; queue_ms: QueuePcts; refused: number; unavailable: number }[];
 }

@@ -5,6 +5,7 @@ import {
   type AccessRequest,
   type ApiKey,
   type CatalogueModel,
+  type FlowLevel,
   type IssuedKey,
   type RequestDetail,
   type RequestRow,
@@ -34,6 +35,7 @@ import {
   useApi,
 } from "./components";
 import { StreamError, streamChat } from "./sse";
+import { reasonLabel } from "./queues";
 import { Link } from "./router";
 
 // --- overview -----------------------------------------------------------------------------------
@@ -466,6 +468,57 @@ function Target({ value, target }: { value: number | null; target: number | unde
   );
 }
 
+/** Flow control on the organisation's requests: queue wait, refusals, SLO classes and TTFT met. */
+function FlowLevels({ hours }: { hours: number }) {
+  const flow = useApi<{ models: FlowLevel[] }>(`/tenant/flow?hours=${hours}`, [hours], 15000);
+  return (
+    <section className="card" aria-labelledby="flow-title">
+      <h2 id="flow-title">Queueing and refusals</h2>
+      <p className="muted small">
+        When a model is busy the gateway queues requests by SLO class and refuses some ({reasonLabel("queue_full")}, {reasonLabel("ttl")}, {reasonLabel("slo")}) with HTTP 429
+        <code> model_overloaded</code>; retry those after the <code>Retry-After</code> they carry.
+      </p>
+      <ErrorMessage error={flow.error} />
+      {flow.loading && !flow.data && <Loading what="queueing figures" />}
+      {flow.data && flow.data.models.length === 0 && <Empty>No requests in this period.</Empty>}
+      {flow.data && flow.data.models.length > 0 && (
+        <table className="table">
+          <caption className="sr-only">Queue wait and refusals per model and SLO class</caption>
+          <TableHead cols={["Model", "Policy / SLO class", "Requests", "Queue wait p50", "Queue wait p99", "Refused (429)", "Met TTFT target"]} />
+          <tbody>
+            {flow.data.models.map((m) => [
+              <tr key={m.model}>
+                <th scope="row">
+                  <code>{m.model}</code>
+                </th>
+                <td>{m.policy ? `${m.policy.name} (TTFT ≤ ${m.policy.ttft_ms} ms)` : <span className="muted">no policy</span>}</td>
+                <td>{fmtInt(m.requests)}</td>
+                <td>{fmtMs(m.queue_ms.p50)}</td>
+                <td>{fmtMs(m.queue_ms.p99)}</td>
+                <td>{m.refused ? <Badge tone="warn">{fmtInt(m.refused)}</Badge> : "0"}{m.unavailable ? <span className="muted"> + {fmtInt(m.unavailable)} unavailable (503)</span> : null}</td>
+                <td>{m.ttft_attainment === null ? "–" : `${fmtPct(m.ttft_attainment)} (${fmtInt(m.ttft_met)})`}</td>
+              </tr>,
+              ...m.classes.map((c) => (
+                <tr key={`${m.model}/${c.flow_class ?? ""}`}>
+                  <td>
+                    <span className="sr-only">{m.model}, class</span>
+                  </td>
+                  <td>{c.flow_class ?? <span className="muted">none (flow control off)</span>}</td>
+                  <td>{fmtInt(c.requests)}</td>
+                  <td>{fmtMs(c.queue_ms.p50)}</td>
+                  <td>{fmtMs(c.queue_ms.p99)}</td>
+                  <td>{fmtInt(c.refused)}</td>
+                  <td>–</td>
+                </tr>
+              )),
+            ])}
+          </tbody>
+        </table>
+      )}
+    </section>
+  );
+}
+
 export function SloPage() {
   const [hours, setHours] = useState(24);
   const slo = useApi<{ models: SloModel[]; window_s: number }>(`/tenant/slo?hours=${hours}`, [hours], 15000);
@@ -532,6 +585,7 @@ export function SloPage() {
           </table>
         </div>
       ))}
+      <FlowLevels hours={hours} />
     </Page>
   );
 }
@@ -551,7 +605,7 @@ export function Requests() {
         <div className="card">
           <table className="table">
             <caption className="sr-only">Recent requests</caption>
-            <TableHead cols={["Started", "Model", "Status", "Tokens in / out", "TTFT", "TPOT", "Total", "Recovery"]} />
+            <TableHead cols={["Started", "Model", "Status", "Queued", "Tokens in / out", "TTFT", "TPOT", "Total", "Recovery"]} />
             <tbody>
               {reqs.data.data.map((r) => (
                 <tr key={r.id}>
@@ -563,6 +617,10 @@ export function Requests() {
                   <td>{r.model}</td>
                   <td>
                     <Badge tone={stateTone(r.status)}>{r.status}</Badge> <span className="muted">{r.http_status}</span>
+                  </td>
+                  <td>
+                    {fmtMs(r.queue_ms)}
+                    {r.flow_class && <span className="muted small"> {r.flow_class}</span>}
                   </td>
                   <td>
                     {fmtInt(r.prompt_tokens)} / {fmtInt(r.completion_tokens)}
@@ -604,6 +662,7 @@ export function RequestPage({ id }: { id: string }) {
             <Stat label="Status" value={<Badge tone={stateTone(r.data.status)}>{r.data.status}</Badge>} hint={`HTTP ${r.data.http_status}${r.data.error_code ? `, ${r.data.error_code}` : ""}`} />
             <Stat label="TTFT" value={fmtMs(r.data.ttft_ms)} />
             <Stat label="TPOT" value={fmtMs(r.data.tpot_ms)} hint={`ITL p50 ${fmtMs(r.data.itl_p50_ms)}, p99 ${fmtMs(r.data.itl_p99_ms)}`} />
+            <Stat label="Queue wait" value={fmtMs(r.data.queue_ms)} hint={r.data.flow_class ? `SLO class ${r.data.flow_class}` : "not queued"} />
             <Stat label="KV handoff" value={fmtMs(r.data.handoff_ms)} hint={fmtBytes(r.data.kv_bytes)} />
             <Stat label="Total" value={fmtMs(r.data.e2e_ms)} />
           </div>
@@ -623,6 +682,11 @@ export function RequestPage({ id }: { id: string }) {
               <dd>{fmtInt(r.data.prompt_tokens)} in, {fmtInt(r.data.completion_tokens)} out{r.data.stream ? ", streamed" : ""}</dd>
               <dt>Started</dt>
               <dd>{fmtTime(r.data.started_at)}</dd>
+              <dt>Flow control</dt>
+              <dd>
+                {r.data.flow_class ? `SLO class ${r.data.flow_class}, waited ${fmtMs(r.data.queue_ms)} in the queue` : "not queued (flow control off)"}
+                {r.data.error_code === "model_overloaded" ? "; refused: the model was overloaded" : ""}
+              </dd>
               <dt>Recovery steps</dt>
               <dd>{r.data.recovery.length ? <pre>{JSON.stringify(r.data.recovery, null, 2)}</pre> : "none"}</dd>
             </dl>

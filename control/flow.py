@@ -1,0 +1,245 @@
+"""The operators' view of the gateway's flow-control queues, merged over every gateway process.
+
+Each gateway process writes its queues to Redis once a second (:data:`baton.core.contracts.FLOW_VIEW_PREFIX`,
+expiring, see :class:`baton.api.gateway.flow.ViewPublisher`). :func:`read_flow_views` reads them all,
+:func:`merge_flow_views` (pure) adds them up per model and per tenant, and :class:`FlowMonitor` (the use
+case behind ``/admin/v1/flow`` and the operator console's Queues page) does both and names the tenants.
+
+Per-tenant figures (tokens, queued seconds, refusals) count since each gateway process started.
+"""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from baton.core import errors
+from baton.core.contracts import FLOW_VIEW_PREFIX, parse_flow_view
+from baton.core.db import Database
+
+log = logging.getLogger(__name__)
+
+#: Keys per MGET while reading the views.
+MGET_BATCH = 500
+
+ProcessView = tuple[str, list[dict[str, Any]]]
+
+
+@dataclass(frozen=True, slots=True)
+class FlowBand:
+    """Requests waiting in one priority band (higher goes first)."""
+
+    priority: int
+    waiting: int
+
+
+@dataclass(frozen=True, slots=True)
+class FlowTenant:
+    """One tenant's traffic on one model, over every gateway process."""
+
+    tenant_id: uuid.UUID
+    tenant_name: str | None
+    display_name: str | None
+    running: int
+    waiting: int
+    prompt_tokens: int
+    completion_tokens: int
+    queued_s: float
+    rejected: dict[str, int]
+    token_share: float | None
+
+
+@dataclass(frozen=True, slots=True)
+class FlowProcessModel:
+    """One gateway process's queue of one model, with its learned limit's evidence."""
+
+    process: str
+    limit: int | None
+    running: int
+    waiting: int
+    dispatch_per_s: float | None
+    upstream_ttft_s: float | None
+    gradient: float | None
+    tpot_floor_s: float | None
+    tpot_s: float | None
+
+
+@dataclass(frozen=True, slots=True)
+class FlowModel:
+    """One model's queues added up over the gateway processes."""
+
+    model: str
+    limit: int | None
+    running: int
+    waiting: int
+    bands: list[FlowBand]
+    dispatch_per_s: float | None
+    rejected: dict[str, int]
+    tenants: list[FlowTenant]
+    processes: list[FlowProcessModel]
+
+
+@dataclass(frozen=True, slots=True)
+class FlowOverview:
+    """Every model's merged queue, and the gateway processes whose views were read."""
+
+    processes: list[str]
+    models: list[FlowModel] = field(default_factory=list)
+
+
+# --- pure -------------------------------------------------------------------------------------------
+
+def _int(v: Any) -> int:
+    return int(v) if isinstance(v, int | float) and not isinstance(v, bool) else 0
+
+
+def _opt_int(v: Any) -> int | None:
+    return int(v) if isinstance(v, int | float) and not isinstance(v, bool) else None
+
+
+def _opt_float(v: Any) -> float | None:
+    return float(v) if isinstance(v, int | float) and not isinstance(v, bool) else None
+
+
+def _uuid(v: Any) -> uuid.UUID | None:
+    try:
+        return uuid.UUID(str(v))
+    except ValueError:
+        return None
+
+
+def _rows(view: Any) -> list[Any]:
+    rows = view.get("tenants") if isinstance(view, dict) else None
+    return rows if isinstance(rows, list) else []
+
+
+def flow_tenant_ids(views: Iterable[ProcessView]) -> set[uuid.UUID]:
+    """The tenants the views name (to look their names up)."""
+    out: set[uuid.UUID] = set()
+    for _, models in views:
+        for view in models:
+            for row in _rows(view):
+                tid = _uuid(row.get("tenant_id")) if isinstance(row, dict) else None
+                if tid is not None:
+                    out.add(tid)
+    return out
+
+
+def merge_flow_views(views: Iterable[ProcessView],
+                     names: Mapping[uuid.UUID, tuple[str, str]] | None = None) -> FlowOverview:
+    """Adds up the processes' views per model: running, waiting and limit (``None`` while no process has a
+    limit yet), waiting per band, and per tenant (``names``: tenant id to (name, display name)) running,
+    waiting, tokens, queued seconds, refusals by reason and its share of the model's tokens. Entries that
+    are not what a gateway writes are skipped."""
+    names = names or {}
+    processes: list[str] = []
+    acc: dict[str, dict[str, Any]] = {}
+    for process, models in views:
+        processes.append(process)
+        for view in models:
+            name = view.get("model") if isinstance(view, dict) else None
+            if not isinstance(name, str):
+                continue
+            m = acc.setdefault(name, {"limit": None, "running": 0, "waiting": 0, "bands": {}, "dispatch": None,
+                                      "tenants": {}, "processes": []})
+            limit = _opt_int(view.get("limit"))
+            if limit is not None:
+                m["limit"] = (m["limit"] or 0) + limit
+            m["running"] += _int(view.get("running"))
+            m["waiting"] += _int(view.get("waiting"))
+            bands = view.get("bands")
+            for band, n in (bands.items() if isinstance(bands, dict) else ()):
+                try:
+                    priority = int(band)
+                except ValueError:
+                    continue
+                m["bands"][priority] = m["bands"].get(priority, 0) + _int(n)
+            rate = _opt_float(view.get("dispatch_per_s"))
+            if rate is not None:
+                m["dispatch"] = (m["dispatch"] or 0.0) + rate
+            m["processes"].append(FlowProcessModel(
+                process=process, limit=limit, running=_int(view.get("running")), waiting=_int(view.get("waiting")),
+                dispatch_per_s=rate, upstream_ttft_s=_opt_float(view.get("upstream_ttft_s")),
+                gradient=_opt_float(view.get("gradient")), tpot_floor_s=_opt_float(view.get("tpot_floor_s")),
+                tpot_s=_opt_float(view.get("tpot_s"))))
+            for row in _rows(view):
+                tid = _uuid(row.get("tenant_id")) if isinstance(row, dict) else None
+                if tid is None:
+                    continue
+                t = m["tenants"].setdefault(tid, {"running": 0, "waiting": 0, "prompt_tokens": 0,
+                                                  "completion_tokens": 0, "queued_s": 0.0, "rejected": {}})
+                for k in ("running", "waiting", "prompt_tokens", "completion_tokens"):
+                    t[k] += _int(row.get(k))
+                t["queued_s"] += _opt_float(row.get("queued_s")) or 0.0
+                rejected = row.get("rejected")
+                for reason, n in (rejected.items() if isinstance(rejected, dict) else ()):
+                    t["rejected"][str(reason)] = t["rejected"].get(str(reason), 0) + _int(n)
+    return FlowOverview(processes=sorted(processes),
+                        models=[_model(name, acc[name], names) for name in sorted(acc)])
+
+
+def _model(name: str, m: dict[str, Any], names: Mapping[uuid.UUID, tuple[str, str]]) -> FlowModel:
+    total = sum(t["prompt_tokens"] + t["completion_tokens"] for t in m["tenants"].values())
+    tenants = []
+    rejected: dict[str, int] = {}
+    for tid, t in m["tenants"].items():
+        tokens = t["prompt_tokens"] + t["completion_tokens"]
+        name_, display = names.get(tid, (None, None))
+        tenants.append(FlowTenant(
+            tenant_id=tid, tenant_name=name_, display_name=display, running=t["running"], waiting=t["waiting"],
+            prompt_tokens=t["prompt_tokens"], completion_tokens=t["completion_tokens"],
+            queued_s=round(t["queued_s"], 3), rejected=dict(sorted(t["rejected"].items())),
+            token_share=tokens / total if total else None))
+        for reason, n in t["rejected"].items():
+            rejected[reason] = rejected.get(reason, 0) + n
+    tenants.sort(key=lambda t: (-(t.prompt_tokens + t.completion_tokens), t.tenant_name or "", str(t.tenant_id)))
+    return FlowModel(
+        model=name, limit=m["limit"], running=m["running"], waiting=m["waiting"],
+        bands=[FlowBand(p, n) for p, n in sorted(m["bands"].items(), reverse=True)],
+        dispatch_per_s=m["dispatch"], rejected=dict(sorted(rejected.items())), tenants=tenants,
+        processes=sorted(m["processes"], key=lambda p: p.process))
+
+
+# --- Redis and Postgres -----------------------------------------------------------------------------
+
+def _glob_escape(s: str) -> str:
+    return "".join("\\" + c if c in "*?[]\\" else c for c in s)
+
+
+def read_flow_views(redis: Any) -> list[ProcessView]:
+    """Every gateway process's stored view (``redis``: a synchronous ``redis.Redis``): SCAN by the prefix,
+    then MGET; a view that expired in between or does not parse is left out."""
+    keys = sorted(set(redis.scan_iter(match=_glob_escape(FLOW_VIEW_PREFIX) + "*", count=MGET_BATCH)))
+    out: list[ProcessView] = []
+    for i in range(0, len(keys), MGET_BATCH):
+        for raw in redis.mget(keys[i:i + MGET_BATCH]):
+            view = parse_flow_view(raw)
+            if view is not None:
+                out.append(view)
+    return sorted(out, key=lambda v: v[0])
+
+
+class FlowMonitor:
+    """The use case of the operators' queue view: read every process's view, name the tenants, merge."""
+
+    def __init__(self, db: Database, redis: Any) -> None:
+        self.db = db
+        self.redis = redis
+
+    def overview(self) -> FlowOverview:
+        """Every model's queues over all gateway processes (503 when Redis cannot be read)."""
+        import redis as redis_lib
+
+        try:
+            views = read_flow_views(self.redis)
+        except redis_lib.RedisError as exc:
+            log.warning("flow views not read: %s", type(exc).__name__)
+            raise errors.UnavailableError("The gateways' queue views cannot be read (Redis).") from exc
+        ids = flow_tenant_ids(views)
+        with self.db.system() as uow:
+            tenants = uow.tenants.by_ids(sorted(ids))
+            names = {tid: (t.name, t.display_name) for tid, t in tenants.items()}
+        return merge_flow_views(views, names)
