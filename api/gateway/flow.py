@@ -118,6 +118,7 @@ class Ticket:
     waited_s: float = 0.0
     state: str = "new"  # new | waiting | running | rejected | done
     charged_decode: int = 0
+    alone: bool = False  #: its tenant had nothing else running on the model when it went upstream
     _future: asyncio.Future[None] | None = field(default=None, repr=False)
 
 
@@ -390,7 +391,9 @@ class ModelFlow:
         ticket.state = "running"
         ticket.waited_s = waited_s
         self.in_flight += 1
-        self._running.setdefault(ticket.tenant, []).append(ticket)
+        running = self._running.setdefault(ticket.tenant, [])
+        ticket.alone = not running
+        running.append(ticket)
         self._serve(ticket.tenant, ticket.prompt_tokens * self.settings.prompt_weight / ticket.cls.weight)
         self.served_tokens.setdefault(ticket.tenant, [0, 0])[0] += ticket.prompt_tokens
         if waited_s:

@@ -326,8 +326,11 @@ class Gateway:
         outcome, tp = self._outcome(principal, call, request_id, admitted.upstream, span=span,
                                     traceparent=traceparent)
         headers = {"x-request-id": f"req-{request_id.hex}", **admitted.headers}
+        band, alone = principal.flow_class(call.grant.name).priority, True
         if self.flow is not None:
-            await self._queue(principal, call, outcome, admitted.lease)
+            alone = (await self._queue(principal, call, outcome, admitted.lease)).alone
+        if call.endpoint != "embeddings":
+            admitted.body = with_priority(admitted.body, engine_priority(band, alone=alone))
         attempts = self._attempts(call, admitted, outcome, upstream_headers(request_id.hex, tp, stream=call.stream))
         lease = admitted.lease
         try:
@@ -352,9 +355,10 @@ class Gateway:
         return SSERelay(response, outcome, strip_usage=not admitted.client_usage, headers=sse_headers(headers),
                         done=done)
 
-    async def _queue(self, principal: Principal, call: Call, outcome: Outcome, lease: Lease | None) -> None:
+    async def _queue(self, principal: Principal, call: Call, outcome: Outcome, lease: Lease | None) -> Ticket:
         """Waits for the model's room in its flow-control queue (the ``flow.queue`` span); a refusal (429, or
-        503 when nothing can serve) or a client that left ends the request here, recorded."""
+        503 when nothing can serve) or a client that left ends the request here, recorded. Returns the
+        request's place, now upstream."""
         assert self.flow is not None
         cls = principal.flow_class(call.grant.name)
         flow = self.flow.model(call.grant.name)
@@ -386,6 +390,7 @@ class Gateway:
             raise refused
         outcome.dispatch_pc = time.perf_counter()
         outcome.ticket = ticket
+        return ticket
 
     def _attempts(self, call: Call, admitted: _Admitted, outcome: Outcome, sent_headers: dict[str, str]) -> Attempts:
         """The request's upstream calls: to its deployment's pool, raced against the fallback pool if it has one."""
@@ -412,8 +417,7 @@ class Gateway:
         client_ids = bool(call.payload.get("return_token_ids"))
         if can_resume:
             call.payload["return_token_ids"] = True
-        body, client_usage = upstream_body(call, principal.cache_salt,
-                                           engine_priority(principal.flow_class(call.grant.name).priority))
+        body, client_usage = upstream_body(call, principal.cache_salt)
         rl_start = time.time_ns() if span is not None else 0
         decision = await self.limiter.admit(rid, principal.limit_scopes, call.prompt_tokens + call.completion_budget)
         if span is not None and self.tracer is not None:
@@ -519,25 +523,32 @@ class Gateway:
         flow.poke()
 
 
-def engine_priority(band: int) -> int:
-    """vLLM's request ``priority`` for a flow-control band: the engines run the priority scheduling policy,
-    where a lower value goes first (band 100 -> 0, band 0 -> 100)."""
-    return 100 - min(max(band, 0), 100)
+def engine_priority(band: int, *, alone: bool) -> int:
+    """vLLM's request ``priority`` (the engines run the priority scheduling policy: a lower value goes
+    first): a higher band first, and inside a band a request whose tenant had nothing else running on the
+    model ahead of a backlogged tenant's, so the engines' own queues favour light tenants as the gateway's
+    does (band 100 alone -> 0, band 0 backlogged -> 201)."""
+    return 2 * (100 - min(max(band, 0), 100)) + (0 if alone else 1)
 
 
-def upstream_body(call: Call, salt: str, priority: int = 50) -> tuple[bytes, bool]:
+def with_priority(body: bytes, priority: int) -> bytes:
+    """``body`` (a JSON object from :func:`upstream_body`, which strips any client ``priority``) with the
+    engine priority as its first member."""
+    return b'{"priority":%d,' % priority + body[1:]
+
+
+def upstream_body(call: Call, salt: str) -> tuple[bytes, bool]:
     """The engine's request body and whether the client itself asked for stream usage.
 
-    Server-controlled fields are replaced (the tenant's ``cache_salt``, the ``priority`` of its band),
-    stream usage is always requested. Integers beyond 64 bits (which orjson refuses) are written by the
-    standard library; anything JSON cannot carry at all is the client's error (400), before any limit is
-    spent."""
+    Server-controlled fields are replaced (the tenant's ``cache_salt``; the ``priority`` is added once the
+    request leaves its queue: :func:`with_priority`), stream usage is always requested. Integers beyond 64
+    bits (which orjson refuses) are written by the standard library; anything JSON cannot carry at all is
+    the client's error (400), before any limit is spent."""
     payload = call.payload
     for name in SERVER_FIELDS:
         payload.pop(name, None)
     if call.endpoint != "embeddings":  # an embedding engine keeps no prefix cache to partition
         payload["cache_salt"] = salt
-        payload["priority"] = priority
     client_usage = True
     if call.stream:
         options = payload.get("stream_options")

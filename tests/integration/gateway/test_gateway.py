@@ -109,7 +109,8 @@ def test_cache_salt_is_the_tenants_and_server_fields_are_dropped(
     last = httpx.get(f"{stub_url}/_last").json()
     body = last["body"]
     assert body["cache_salt"] == cache_salt(settings.security.key_secret.get_secret_value(), key.tenant_id)
-    assert "kv_transfer_params" not in body and "priority" not in body
+    assert "kv_transfer_params" not in body
+    assert body["priority"] == 100  # the gateway's (band 50, nothing else running), never the client's -100
     assert body["top_k"] == 5  # engine extensions pass through
     # The client's trace continues: same trace id, the parent is now the gateway's own span.
     sent = last["headers"]["traceparent"].split("-")

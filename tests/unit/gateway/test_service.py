@@ -16,6 +16,7 @@ from baton.api.gateway.service import (
     check_parameters,
     engine_priority,
     upstream_body,
+    with_priority,
 )
 from baton.api.gateway.tokens import PromptCounter, count_completion_prompt, prompt_count
 
@@ -45,10 +46,11 @@ def test_the_body_carries_the_tenants_salt_and_always_asks_for_usage() -> None:
                "stream_options": {"include_usage": False}}
     body, client_usage = upstream_body(_call(payload, stream=True), "tenant-salt")
     sent = orjson.loads(body)
-    assert sent["cache_salt"] == "tenant-salt" and "kv_transfer_params" not in sent
-    assert sent["priority"] == 50  # the band's, never the client's
-    body, _ = upstream_body(_call({"model": "m"}), "s", engine_priority(90))
-    assert orjson.loads(body)["priority"] == 10  # a higher band goes first in the engine (lower value)
+    assert sent["cache_salt"] == "tenant-salt" and "kv_transfer_params" not in sent and "priority" not in sent
+    # the engine priority is the gateway's: a higher band first, inside a band a light tenant first
+    assert orjson.loads(with_priority(body, engine_priority(50, alone=False))) == {**sent, "priority": 101}
+    assert engine_priority(90, alone=True) < engine_priority(90, alone=False) < engine_priority(50, alone=True)
+    assert engine_priority(100, alone=True) == 0 and engine_priority(0, alone=False) == 201
     assert sent["stream_options"] == {"include_usage": True} and client_usage is False
     body, _ = upstream_body(_call({"model": "m", "seed": 2**70}), "s")
     assert orjson.loads(body.replace(b"1180591620717411303424", b"0"))["seed"] == 0
