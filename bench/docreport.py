@@ -493,7 +493,7 @@ def _fairness_caption(phase: str, c: dict[str, Any]) -> str:
                 f"(max_tokens {c.get('a_max_tokens', '?')}) in flight, ignoring Retry-After, from "
                 f"{_rate(c.get('lead_s', '?'))} s before B's {dur} s window; B as alone, in A's band")
     if phase == "bands":
-        return (f"`bands`: {c.get('band_concurrency', '?')} streams of {c.get('band_prompt_words', '?')} words "
+        return (f"`bands`: {_band_streams(c)} streams of {c.get('band_prompt_words', '?')} words "
                 f"(max_tokens {c.get('band_max_tokens', '?')}) in flight per tenant, Retry-After honoured, for {dur} s")
     if phase == "share":
         return (f"`share`: two tenants of weights 2 and 1 in one band, {c.get('share_concurrency', '?')} streams of "
@@ -539,6 +539,13 @@ def _fairness_share(sh: dict[str, Any]) -> str:
     return ("\nTokens as the gateway's fair share counts them (prompt + 2 x completion, from each stream's usage "
             f"report): {served}; ratio {_num(sh.get('ratio'), 2)} against the weights' {weights} "
             f"(error {_num(None if err is None else 100 * err, 1)}%).\n")
+
+
+def _band_streams(c: dict[str, Any]) -> str:
+    bands = c.get("bands") or []
+    if bands and all(isinstance(b, dict) and b.get("streams") for b in bands):
+        return " / ".join(f"{b['streams']} ({b.get('name', '?')})" for b in bands)
+    return str(c.get("band_concurrency", "?"))
 
 
 def _fairness(d: dict[str, Any]) -> str:

@@ -15,9 +15,9 @@ Phases, each ``duration_s`` long, ``gap_s`` apart (the queue drains in between):
   ignores ``Retry-After`` (a refused worker sends again after ``a_retry_pause_s``); A starts ``lead_s``
   before B's window so that every B request meets a full queue. B runs as in ``b_alone``, in the same
   band (both policies priority ``ab_priority``, 50 as for a tenant without a policy).
-- ``bands``: one tenant per :class:`BandSpec` (default priority 90, 50 and 10, the last ``sheddable``),
-  each with ``band_concurrency`` medium streams in flight, closed loop, waiting out ``Retry-After``
-  after a 429 as a well-behaved client does.
+- ``bands``: one tenant per :class:`BandSpec` (default priority 90 with 1 stream, 50 with 4 and 10 with
+  12, the last ``sheddable``), each with its medium streams in flight (``band_concurrency`` for a band
+  that names none), closed loop, waiting out ``Retry-After`` after a 429 as a well-behaved client does.
 - ``share``: two tenants in one band (priority ``ab_priority``), ``w2`` and ``w1``, their policies' weights
   2 and 1 (:data:`SHARE_WEIGHTS`), each with ``share_concurrency`` streams of the same length in flight
   (closed loop, ``Retry-After`` honoured), so that both always have requests waiting in the gateway's
@@ -97,12 +97,16 @@ class BandSpec:
     sheddable: bool = False
     weight: float = 1.0
     """The policy's share weight inside its band (sent to the admin API only when not 1)."""
+    streams: int | None = None
+    """Its streams in flight; None: ``band_concurrency``."""
 
 
+#: An interactive top band well under the pools' capacity (one stream), a middle band about at it and a
+#: sheddable bottom band past it: the overload is the bottom band's to absorb.
 DEFAULT_BANDS: tuple[BandSpec, ...] = (
-    BandSpec("high", 90, 500),
-    BandSpec("mid", 50, 1000),
-    BandSpec("low", 10, 1000, sheddable=True),
+    BandSpec("high", 90, 500, streams=1),
+    BandSpec("mid", 50, 1000, streams=4),
+    BandSpec("low", 10, 1000, sheddable=True, streams=12),
 )
 
 
@@ -358,8 +362,10 @@ def kind_of(status: int) -> str:
 
 
 def chat_body(model: str, prompt: str, max_tokens: int) -> dict[str, Any]:
+    """A streamed chat request that generates exactly ``max_tokens`` (``ignore_eos``: the load is what the
+    phase says, and no answer ends empty on an end-of-text first token)."""
     return {"model": model, "messages": [{"role": "user", "content": prompt}], "max_tokens": max_tokens,
-            "stream": True, "stream_options": {"include_usage": True}, "temperature": 0.0}
+            "stream": True, "stream_options": {"include_usage": True}, "temperature": 0.0, "ignore_eos": True}
 
 
 def make_prompt(rng: random.Random, words: int, tag: str) -> str:
@@ -854,7 +860,8 @@ def drivers(cfg: FairnessConfig, phase: str, secrets: Mapping[str, str]) -> list
     if phase == "bands":
         return [Driver(tenant=band.name, phase=phase, api_key=secrets[band.name],
                        prompt_words=cfg.band_prompt_words, max_tokens=cfg.band_max_tokens, window_s=cfg.duration_s,
-                       concurrency=cfg.band_streams(), honour_retry_after=True, retry_pause_s=0.05, **common)
+                       concurrency=band.streams or cfg.band_streams(), honour_retry_after=True, retry_pause_s=0.05,
+                       **common)
                 for band in cfg.bands]
     if phase == "share":
         return [Driver(tenant=name, phase=phase, api_key=secrets[name], prompt_words=cfg.share_prompt_words,

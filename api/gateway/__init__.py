@@ -50,6 +50,7 @@ def build_gateway(
         f = g.flow
         flow = FlowController(
             Capacities(CapacitySettings(initial=f.initial_limit, max_limit=f.max_limit, tolerance=f.tolerance,
+                                        ttft_tolerance=f.ttft_tolerance,
                                         window_s=f.window_s, min_samples=f.min_samples)),
             FlowSettings(queue_max=f.queue_max, ttl_s=f.ttl_s))
         flow_views = ViewPublisher(redis, flow)

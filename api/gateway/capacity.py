@@ -17,7 +17,8 @@ dispatched by this gateway:
 
 Each has a **floor**, the smallest value seen in the last two windows of ``window_s`` (so a floor from
 another load pattern ages out), and a smoothed current value. The gradient is
-``min(1, tolerance * (floor + slack) / current)`` of the worse of the two, and the new limit is
+``min(1, tolerance * (floor + slack) / current)`` of the worse of the two (each with its own tolerance:
+``tolerance`` for the decode step, the looser ``ttft_tolerance`` for the first token), and the new limit is
 ``limit * gradient + sqrt(limit)``: at the floor the limit grows by its square root per update, over
 ``tolerance`` times the floor it shrinks in proportion. Updates come once per ``update_every``
 completed requests, and only while the limit was actually used (requests were waiting or the pool was
@@ -47,7 +48,11 @@ class CapacitySettings:
     initial: int = 8  #: the limit a model starts with once it has a view
     min_limit: int = 1
     max_limit: int = 256
-    tolerance: float = 1.3  #: latency over this multiple of its floor shrinks the limit
+    tolerance: float = 1.3  #: time per output token over this multiple of its floor shrinks the limit
+    #: ... and time to first token over this multiple of its floor: looser, since a prefill waits for the
+    #: others in flight by design (the engines' priority puts a light tenant's first), and a tight TTFT
+    #: tolerance trades most of the pools' throughput for a little of a light tenant's latency
+    ttft_tolerance: float = 3.0
     window_s: float = 300.0  #: a floor is the smallest value of the last two such windows
     min_samples: int = 8  #: completed requests before the model has a view at all
     update_every: int = 4  #: completed requests between two updates of the limit
@@ -156,11 +161,14 @@ class AdaptiveLimit:
 
     def _update(self) -> None:
         s = self.settings
-        signals = [self.tpot] if self._last_ttft is None else [self.tpot, self._last_ttft]
-        ratios = [r for r in (sig.ratio(s.slack_s) for sig in signals) if r is not None]
+        signals = [(self.tpot, s.tolerance)]
+        if self._last_ttft is not None:
+            signals.append((self._last_ttft, s.ttft_tolerance))
+        # each latency over its own tolerance, the worse one decides
+        ratios = [r / tol for r, tol in ((sig.ratio(s.slack_s), tol) for sig, tol in signals) if r is not None]
         if not ratios:
             return
-        self.gradient = min(1.0, s.tolerance / max(*ratios, 1e-9))
+        self.gradient = min(1.0, 1.0 / max(*ratios, 1e-9))
         if self.gradient >= 1.0 and not self._saturated:
             return  # latency is fine but the limit was not in use: no evidence that more would be
         self._saturated = False

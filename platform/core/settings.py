@@ -73,8 +73,10 @@ class FlowControlSettings(BaseModel):
     ttl_s: float = Field(30.0, gt=0, description="The longest a request waits for room before its 429.")
     initial_limit: int = Field(8, ge=1, description="A model's concurrency limit when it first has a view.")
     max_limit: int = Field(256, ge=1, description="The largest concurrency limit a model's pools may learn.")
-    tolerance: float = Field(1.3, gt=1, description="Latency (time per output token, time to first token) over "
-                             "this multiple of its floor shrinks the model's concurrency limit.")
+    tolerance: float = Field(1.3, gt=1, description="Time per output token over this multiple of its floor "
+                             "shrinks the model's concurrency limit.")
+    ttft_tolerance: float = Field(3.0, gt=1, description="Time to first token (after the queue, per prompt-length "
+                                  "class) over this multiple of its floor shrinks it too.")
     window_s: float = Field(300.0, gt=0, description="A latency floor is the smallest of the last two windows.")
     min_samples: int = Field(8, ge=1, description="Completed requests of a model before its limit applies "
                              "(before: no queue, limits only).")

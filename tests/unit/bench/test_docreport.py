@@ -276,7 +276,7 @@ def test_fairness_a_table_per_phase_then_the_targets() -> None:
             "other errors | Retry-After on every 429 | TTFT p50 | TTFT p90 | TTFT p99 | tokens/s |")
     assert text.count(head) == 4  # one table per phase
     assert text.index("`b_alone`: B alone") < text.index("`a_flood_b`: A keeps 8 streams") < text.index(
-        "`bands`: 4 streams") < text.index("`share`: two tenants of weights 2 and 1") < text.index(
+        "`bands`: 1 (high) / 4 (mid) / 12 (low) streams") < text.index("`share`: two tenants of weights 2 and 1") < text.index(
         "Against the targets")
     assert "| b | 50 | 1 | no | 100 | 100 | 100 | 0 | 0 | 0 | 0 | 0 | no 429 | 149.5 | 189.1 | 198.0 | 160.0 |" in text
     assert "| a | 50 | 1 | no | 81 | 50 | 50 | 30 | 1 | 0 | 0 | 0 | yes | 900.0 | 900.0 | 900.0 | 640.0 |" in text
