@@ -714,7 +714,14 @@ def fairness(  # noqa: PLR0917 - typer options
     import httpx
 
     from baton.bench import report
-    from baton.bench.fairness import PHASES, AdminError, BandSpec, FairnessConfig, admin_token_from_env_file
+    from baton.bench.fairness import (
+        DEFAULT_BANDS,
+        PHASES,
+        AdminError,
+        BandSpec,
+        FairnessConfig,
+        admin_token_from_env_file,
+    )
     from baton.bench.fairness import plot as draw
     from baton.bench.fairness import run as run_fairness
 
@@ -727,8 +734,10 @@ def fairness(  # noqa: PLR0917 - typer options
     if not token:
         raise typer.Exit(_fail_bench(f"no admin token: give --admin-token, or run `scripts/up` (it writes "
                                      f"BATON_SECURITY__ADMIN_TOKEN to {env_path})"))
-    bands = (BandSpec("high", 90, top_ttft_ms), BandSpec("mid", 50, mid_ttft_ms),
-             BandSpec("low", 10, low_ttft_ms, sheddable=True))
+    streams = {b.name: (band_concurrency or b.streams) for b in DEFAULT_BANDS}
+    bands = (BandSpec("high", 90, top_ttft_ms, streams=streams["high"]),
+             BandSpec("mid", 50, mid_ttft_ms, streams=streams["mid"]),
+             BandSpec("low", 10, low_ttft_ms, sheddable=True, streams=streams["low"]))
     cfg = FairnessConfig(base_url=base_url, admin_token=token, model=model, duration_s=duration_s, phases=phases,
                          b_interval_s=b_interval_s, a_concurrency=a_concurrency, band_concurrency=band_concurrency,
                          share_concurrency=share_concurrency,

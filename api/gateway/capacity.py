@@ -49,10 +49,13 @@ class CapacitySettings:
     min_limit: int = 1
     max_limit: int = 256
     tolerance: float = 1.3  #: time per output token over this multiple of its floor shrinks the limit
-    #: ... and time to first token over this multiple of its floor: looser, since a prefill waits for the
-    #: others in flight by design (the engines' priority puts a light tenant's first), and a tight TTFT
-    #: tolerance trades most of the pools' throughput for a little of a light tenant's latency
-    ttft_tolerance: float = 3.0
+    #: ... and time to first token over this multiple of its floor, while two or more tenants use the model:
+    #: a prefill waits for the others in flight, which costs a lone tenant nothing it did not send itself
+    #: but another tenant its TTFT; a tight limit then trades pool throughput for the other tenant's latency
+    ttft_tolerance: float = 1.3
+    #: Another tenant used the model this recently: only then does the time to first token count (see
+    #: :meth:`AdaptiveLimit.observe`)
+    contended_s: float = 5.0
     window_s: float = 300.0  #: a floor is the smallest value of the last two such windows
     min_samples: int = 8  #: completed requests before the model has a view at all
     update_every: int = 4  #: completed requests between two updates of the limit
@@ -139,8 +142,11 @@ class AdaptiveLimit:
         """The queue had to hold a request back (its limit is in use): the next update may move it."""
         self._saturated = True
 
-    def observe(self, *, prompt_tokens: int, ttft_s: float | None, tpot_s: float | None) -> None:
-        """One completed request's measures after dispatch (None where it had none: an error, one token)."""
+    def observe(self, *, prompt_tokens: int, ttft_s: float | None, tpot_s: float | None,
+                contended: bool = True) -> None:
+        """One completed request's measures after dispatch (None where it had none: an error, one token).
+        ``contended``: another tenant used the model lately; without one the time to first token is measured
+        but does not move the limit (a lone tenant keeps the pools' throughput)."""
         if ttft_s is None and tpot_s is None:
             return
         s, now = self.settings, self.clock()
@@ -152,7 +158,7 @@ class AdaptiveLimit:
             if sig is None:
                 sig = self._ttft[cls] = _Signal(s.window_s, s.smoothing)
             sig.add(ttft_s, now)
-            self._last_ttft = sig
+            self._last_ttft = sig if contended else None
         self.samples += 1
         self._since_update += 1
         if self._since_update >= s.update_every:

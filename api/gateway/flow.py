@@ -177,6 +177,7 @@ class ModelFlow:
         self.shed: dict[tuple[uuid.UUID, str], int] = {}
         self.served_tokens: dict[uuid.UUID, list[int]] = {}  # tenant -> [prompt, decode]
         self.queued_s: dict[uuid.UUID, float] = {}  # tenant -> seconds its started requests waited, summed
+        self._seen: dict[uuid.UUID, float] = {}  # tenant -> when it last sent a request to the model
         # Jain's index over the tenants backlogged since the last reading: their weighted service then
         self._window_service: dict[uuid.UUID, float] = {}
         self._window_backlog: dict[uuid.UUID, int] = {}  # tenant -> band
@@ -186,6 +187,7 @@ class ModelFlow:
     async def enter(self, ticket: Ticket) -> None:
         """Returns once the request may go upstream; raises :class:`FlowRejected` (429) or
         :class:`FlowUnavailable` (503). A cancelled wait (the client left) gives its place back."""
+        self._seen[ticket.tenant] = self.clock()
         limit = self.capacity()
         if limit is None or (self.waiting == 0 and self.in_flight < limit) or self._sparse(ticket, limit):
             self._start(ticket, waited_s=0.0)
@@ -234,6 +236,14 @@ class ModelFlow:
         tokens = ticket.live_tokens() if completion_tokens is None else completion_tokens
         self._charge_decode(ticket, tokens)
         self._dispatch()
+
+    def contended(self, within_s: float) -> bool:
+        """Two or more tenants sent requests to the model in the last ``within_s`` seconds."""
+        since = self.clock() - within_s
+        recent = [t for t, at in self._seen.items() if at >= since]
+        if len(self._seen) > 2 * len(recent) + 64:  # forget tenants long gone
+            self._seen = {t: self._seen[t] for t in recent}
+        return len(recent) >= 2
 
     def first_token(self, ttft_s: float) -> None:
         """The upstream's measured time to first token of a request (for the predicted TTFT)."""

@@ -518,8 +518,9 @@ class Gateway:
             tpot_s = (outcome.end_pc - outcome.first_token) / (outcome.completion_tokens - 1)
         if ttft_s is not None:
             flow.first_token(ttft_s)
-        self.flow.capacities.model(outcome.model).observe(prompt_tokens=outcome.prompt_tokens, ttft_s=ttft_s,
-                                                          tpot_s=tpot_s)
+        limit = self.flow.capacities.model(outcome.model)
+        limit.observe(prompt_tokens=outcome.prompt_tokens, ttft_s=ttft_s, tpot_s=tpot_s,
+                      contended=flow.contended(limit.settings.contended_s))
         flow.poke()
 
 

@@ -75,8 +75,9 @@ class FlowControlSettings(BaseModel):
     max_limit: int = Field(256, ge=1, description="The largest concurrency limit a model's pools may learn.")
     tolerance: float = Field(1.3, gt=1, description="Time per output token over this multiple of its floor "
                              "shrinks the model's concurrency limit.")
-    ttft_tolerance: float = Field(3.0, gt=1, description="Time to first token (after the queue, per prompt-length "
-                                  "class) over this multiple of its floor shrinks it too.")
+    ttft_tolerance: float = Field(1.3, gt=1, description="Time to first token (after the queue, per prompt-length "
+                                  "class) over this multiple of its floor shrinks it too, while two or more tenants "
+                                  "use the model (a lone tenant keeps the pools' throughput).")
     window_s: float = Field(300.0, gt=0, description="A latency floor is the smallest of the last two windows.")
     min_samples: int = Field(8, ge=1, description="Completed requests of a model before its limit applies "
                              "(before: no queue, limits only).")

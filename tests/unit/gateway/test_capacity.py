@@ -87,3 +87,19 @@ def test_the_limit_stays_within_its_bounds() -> None:
     assert lim.limit() == 12
     feed(lim, 60, tpot=1.0)
     assert lim.limit() == 2
+
+
+def test_a_lone_tenants_slow_first_tokens_keep_the_pools_throughput() -> None:
+    """Alone on the model, a tenant's own prefills waiting for each other do not shrink the limit; with a
+    second tenant about, the same first tokens do."""
+    lim, _ = limit()
+    feed(lim, 8)
+    before = lim.limit()
+    for _ in range(8):
+        lim.saturated()
+        lim.observe(prompt_tokens=100, ttft_s=0.3, tpot_s=0.01, contended=False)
+    assert lim.limit() >= before  # type: ignore[operator]
+    for _ in range(8):
+        lim.saturated()
+        lim.observe(prompt_tokens=100, ttft_s=0.3, tpot_s=0.01, contended=True)
+    assert lim.limit() < before  # type: ignore[operator]

@@ -304,3 +304,15 @@ async def test_jains_index_over_backlogged_tenants_reads_their_weighted_shares()
     assert f.fairness() == {50: pytest.approx(500**2 / (2 * (400**2 + 100**2)))}
     for t in tasks:
         t.cancel()
+
+
+async def test_a_model_is_contended_while_two_tenants_sent_lately() -> None:
+    now = {"t": 0.0}
+    f = ModelFlow("m", Room(None), FlowSettings(), clock=lambda: now["t"])
+    await f.enter(Ticket(A, FlowClass(), 1))
+    assert not f.contended(5.0)
+    now["t"] = 3.0
+    await f.enter(Ticket(B, FlowClass(), 1))
+    assert f.contended(5.0)
+    now["t"] = 9.0  # A last sent 9 s ago
+    assert not f.contended(5.0)
