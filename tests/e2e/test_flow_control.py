@@ -109,7 +109,7 @@ def test_a_heavy_tenant_never_gets_5xx_and_a_light_one_is_never_refused_nor_queu
             with engine.connect() as conn:
                 rows = conn.execute(text(
                     "SELECT tenant_id::text, http_status, queue_ms, flow_class FROM request_records "
-                    "WHERE tenant_id IN (:a, :b)"), {"a": heavy_id, "b": light_id}).all()
+                    "WHERE tenant_id::text IN (:a, :b)"), {"a": heavy_id, "b": light_id}).all()
             light_rows = [r for r in rows if r[0] == light_id]
             if len(light_rows) >= light["ok"] or time.monotonic() > deadline:
                 break
@@ -118,8 +118,9 @@ def test_a_heavy_tenant_never_gets_5xx_and_a_light_one_is_never_refused_nor_queu
         engine.dispose()
     assert len(light_rows) == light["ok"]
     assert all(r.flow_class == "default" and r.queue_ms is not None for r in rows)
-    # a tenant with nothing running goes at once: its wait is the queue's bookkeeping, no suspension
-    assert max(r.queue_ms for r in light_rows) < 5.0, sorted(r.queue_ms for r in light_rows)
+    # a tenant with nothing running goes at once: its wait is the queue's bookkeeping, never a suspension
+    # (a queued request waits for a stream to end: hundreds of milliseconds here)
+    assert max(r.queue_ms for r in light_rows) < 50.0, sorted(r.queue_ms for r in light_rows)
 
     # the light tenant's traces hold a flow.queue span under the gateway's request span
     trace_id = light["traces"][-1]
