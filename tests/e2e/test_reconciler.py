@@ -150,7 +150,11 @@ def test_admin_api_drives_ray_serve(stack: Any, tiny_model: Path) -> None:
     _converge(reconciler, running(1), "aggregated app running")
     assert client.status().apps["tiny-e2e"].status == "RUNNING"
     base = f"http://127.0.0.1:{serve_port}/tiny-e2e/v1"
-    out = httpx.post(f"{base}/completions", json={"model": "tiny-e2e", "prompt": "hello", "max_tokens": 4}, timeout=120)
+    # a RUNNING app's route reaches Serve's proxy a moment later: 404 until it has
+    deadline = time.monotonic() + 60
+    while (out := httpx.post(f"{base}/completions", json={"model": "tiny-e2e", "prompt": "hello", "max_tokens": 4},
+                             timeout=120)).status_code == 404 and time.monotonic() < deadline:
+        time.sleep(0.5)
     assert out.status_code == 200, out.text
     assert out.json()["usage"]["completion_tokens"] == 4
 

@@ -2,7 +2,7 @@
 heavy tenant queues and is pushed back with 429 + Retry-After; a light tenant goes at once; a higher
 band goes first; a wait past its TTL is a 429; the queue wait reaches the records, the metrics and the trace.
 
-The model's limit is pinned at 2 (initial = max = 2, a tolerance no stub latency reaches) so that what
+The model's limit is pinned at 2 (initial = max = 2, tolerances no stub latency reaches) so that what
 is queued is known; how the limit is learned is tested in ``tests/unit/gateway/test_capacity.py``.
 """
 
@@ -40,7 +40,8 @@ def flow_model(db: Database) -> str:
 def flow_url(gw_settings: Settings, flow_model: str, stub_url: str) -> Iterator[str]:
     from baton.api.app import create_app
 
-    flow = FlowControlSettings(initial_limit=2, max_limit=2, min_samples=1, tolerance=1000.0, queue_max=4,
+    flow = FlowControlSettings(initial_limit=2, max_limit=2, min_samples=1, tolerance=1000.0, ttft_tolerance=1000.0,
+                               queue_max=4,
                                ttl_s=TTL_S)
     gateway = gw_settings.gateway.model_copy(update={
         "upstreams": {**gw_settings.gateway.upstreams, flow_model: f"{stub_url}/v1"}, "flow": flow})
