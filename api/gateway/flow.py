@@ -458,10 +458,6 @@ class FlowController:
             flow = self.models[name] = ModelFlow(name, lim.limit, self.settings, saturated=lim.saturated)
         return flow
 
-    def poke(self) -> None:
-        for flow in self.models.values():
-            flow.poke()
-
     def view(self) -> list[dict[str, Any]]:
         """Every model's queue in this process, with its learned limit's evidence."""
         out = []

@@ -22,7 +22,7 @@ import orjson
 from starlette.responses import Response
 
 from baton.api.gateway import tracing as gw_tracing
-from baton.api.gateway.flow import FlowController, FlowRejected, Ticket, ViewPublisher
+from baton.api.gateway.flow import FlowClass, FlowController, FlowRejected, Ticket, ViewPublisher
 from baton.api.gateway.metering import Outcome, UsageMeter
 from baton.api.gateway.metrics import GatewayMetrics
 from baton.api.gateway.principals import InvalidationListener, ModelGrant, Principal, PrincipalCache
@@ -326,11 +326,11 @@ class Gateway:
         outcome, tp = self._outcome(principal, call, request_id, admitted.upstream, span=span,
                                     traceparent=traceparent)
         headers = {"x-request-id": f"req-{request_id.hex}", **admitted.headers}
-        band, alone = principal.flow_class(call.grant.name).priority, True
+        cls, alone = principal.flow_class(call.grant.name), True
         if self.flow is not None:
-            alone = (await self._queue(principal, call, outcome, admitted.lease)).alone
+            alone = (await self._queue(principal, cls, call, outcome, admitted.lease)).alone
         if call.endpoint != "embeddings":
-            admitted.body = with_priority(admitted.body, engine_priority(band, alone=alone))
+            admitted.body = with_priority(admitted.body, engine_priority(cls.priority, alone=alone))
         attempts = self._attempts(call, admitted, outcome, upstream_headers(request_id.hex, tp, stream=call.stream))
         lease = admitted.lease
         try:
@@ -355,12 +355,12 @@ class Gateway:
         return SSERelay(response, outcome, strip_usage=not admitted.client_usage, headers=sse_headers(headers),
                         done=done)
 
-    async def _queue(self, principal: Principal, call: Call, outcome: Outcome, lease: Lease | None) -> Ticket:
+    async def _queue(self, principal: Principal, cls: FlowClass, call: Call, outcome: Outcome,
+                     lease: Lease | None) -> Ticket:
         """Waits for the model's room in its flow-control queue (the ``flow.queue`` span); a refusal (429, or
         503 when nothing can serve) or a client that left ends the request here, recorded. Returns the
         request's place, now upstream."""
         assert self.flow is not None
-        cls = principal.flow_class(call.grant.name)
         flow = self.flow.model(call.grant.name)
         ticket = Ticket(principal.tenant_id, cls, call.prompt_tokens, live_tokens=lambda: outcome.completion_tokens)
         outcome.flow_class, outcome.flow_band = cls.name, cls.priority
@@ -501,7 +501,6 @@ class Gateway:
             except Exception:  # tracing never breaks serving
                 log.debug("span of %s not finished", outcome.request_id, exc_info=True)
 
-
     def _left_queue(self, outcome: Outcome, ticket: Ticket) -> None:
         """The request's room goes back to its model's queue, its tokens to its tenant's counter, and a
         completed stream's latencies after dispatch to the model's learned limit."""
@@ -510,8 +509,7 @@ class Gateway:
         flow.leave(ticket, outcome.completion_tokens)
         if (outcome.status is not m.RequestStatus.COMPLETED or not outcome.stream or outcome.dispatch_pc is None
                 or outcome.recovery_steps):  # a recovered request's latency measures the failure, not the load
-            flow.poke()
-            return
+            return  # ``leave`` dispatched what its room lets go
         ttft_s = outcome.first_token - outcome.dispatch_pc if outcome.first_token is not None else None
         tpot_s = None
         if outcome.first_token is not None and outcome.completion_tokens > 1:
@@ -519,9 +517,11 @@ class Gateway:
         if ttft_s is not None:
             flow.first_token(ttft_s)
         limit = self.flow.capacities.model(outcome.model)
+        before = limit.limit()
         limit.observe(prompt_tokens=outcome.prompt_tokens, ttft_s=ttft_s, tpot_s=tpot_s,
                       contended=flow.contended(limit.settings.contended_s))
-        flow.poke()
+        if limit.limit() != before:  # a grown limit lets more go now
+            flow.poke()
 
 
 def engine_priority(band: int, *, alone: bool) -> int:
