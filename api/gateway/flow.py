@@ -276,11 +276,8 @@ class ModelFlow:
         return ahead / rate + self.ttft_s
 
     def waiting_by_band(self) -> dict[int, int]:
+        """Requests waiting in each band the model has seen (a band is kept once made)."""
         return {b.priority: b.waiting() for b in self._bands.values()}
-
-    @property
-    def bands_seen(self) -> tuple[int, ...]:
-        return tuple(self._bands)
 
     def snapshot(self) -> dict[str, Any]:
         """The queue now, as the operator's view shows it: plain JSON values."""

@@ -127,8 +127,7 @@ class GatewayMetrics:
             limit = flow.capacity()
             self.flow_limit.labels(name).set(-1 if limit is None else limit)
             self.flow_running.labels(name).set(flow.in_flight)
-            waiting = flow.waiting_by_band()
-            for band in {*waiting, *flow.bands_seen}:
-                self.flow_waiting.labels(name, str(band)).set(waiting.get(band, 0))
+            for band, waiting in flow.waiting_by_band().items():  # every band seen, 0 once emptied
+                self.flow_waiting.labels(name, str(band)).set(waiting)
             for band, index in flow.fairness().items():
                 self.flow_fairness.labels(name, str(band)).set(index)
