@@ -116,7 +116,12 @@ class Outcome:
 
 
 def write_outcomes(db: Database, outcomes: list[Outcome]) -> int:
-    """Writes a batch in one transaction; returns the usage rows that were new (idempotent)."""
+    """Writes a batch in one transaction; returns the usage rows that were new (idempotent).
+
+    A tenant or key deleted while its requests waited in the buffer would fail the whole batch on its
+    foreign key, and with it every later batch behind it: such a batch is written again with the rows of a
+    deleted tenant left out (the tenant's deletion removes its records anyway) and a deleted key's id
+    cleared (as its deletion clears it on rows already written)."""
     usage: list[dict[str, Any]] = []
     records: list[dict[str, Any]] = []
     for o in outcomes:
@@ -124,11 +129,36 @@ def write_outcomes(db: Database, outcomes: list[Outcome]) -> int:
         records.append(r)
         if u is not None:
             usage.append(u)
+    try:
+        return _insert(db, usage, records)
+    except errors.NotFoundError:
+        usage, records = _without_deleted_references(db, usage, records)
+        return _insert(db, usage, records)
+
+
+def _insert(db: Database, usage: list[dict[str, Any]], records: list[dict[str, Any]]) -> int:
     with db.system() as uow:
         written = uow.usage.insert_many(usage)
         uow.requests.insert_many(records)
         uow.commit()
     return written
+
+
+def _without_deleted_references(db: Database, usage: list[dict[str, Any]], records: list[dict[str, Any]]
+                                ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    rows = usage + records
+    with db.system() as uow:
+        tenants = uow.tenants.existing(r["tenant_id"] for r in rows)
+        keys = uow.api_keys.existing(r["api_key_id"] for r in rows)
+
+    def kept(batch: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        return [{**r, "api_key_id": r["api_key_id"] if r["api_key_id"] in keys else None}
+                for r in batch if r["tenant_id"] in tenants]
+
+    usage_kept, records_kept = kept(usage), kept(records)
+    log.warning("request outcomes of deleted tenants left out: %d of %d; of deleted keys kept without the key",
+                len(records) - len(records_kept), len(records))
+    return usage_kept, records_kept
 
 
 class UsageMeter:

@@ -11,7 +11,7 @@ import datetime as dt
 import hashlib
 import operator
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, Generic, TypeVar
 
 from sqlalchemy import Date, Integer, Select, delete, func, literal, literal_column, select, text, union_all, update
@@ -164,6 +164,15 @@ class Repository(Generic[T]):
     def delete(self, obj: T) -> None:
         self.session.delete(obj)
         self.flush()
+
+    def existing(self, ids: Iterable[Any]) -> set[Any]:
+        """Which of ``ids`` still have a row (one query)."""
+        wanted = {i for i in ids if i is not None}
+        if not wanted:
+            return set()
+        pk = self.model.__mapper__.primary_key[0]  # type: ignore[attr-defined]
+        with translated():
+            return set(self.session.scalars(select(pk).where(pk.in_(wanted))).all())
 
     def scalars(self, stmt: Select[tuple[T]]) -> Sequence[T]:
         with translated():

@@ -82,6 +82,29 @@ def test_a_batch_already_written_in_part_is_written_again_without_duplicates(db:
     assert _count(db, tid) == (4, 2)
 
 
+def test_a_deleted_tenant_or_key_does_not_hold_up_the_batches_behind_it(db: Database, insert_path: str) -> None:
+    """A tenant and a key deleted while their requests waited in the buffer: the batch is written without
+    the deleted tenant's rows and with the deleted key's id cleared; the live tenant's rows are all there
+    (before, the foreign key failed the batch, and every retry failed again)."""
+    live, gone = _tenant(db), _tenant(db)
+    with db.system() as uow:
+        key = uow.api_keys.add(m.ApiKey(tenant_id=live, name="k", prefix="bk_test", key_hash=uuid.uuid4().bytes * 2,
+                                           created_by="test"))
+        uow.commit()
+        key_id = key.id
+    batch = [_outcome(live, api_key_id=key_id), _outcome(gone), _outcome(live)]
+    with db.system() as uow:
+        uow.session.delete(uow.tenants.require(gone))
+        uow.session.delete(uow.api_keys.require(key_id))
+        uow.commit()
+    assert write_outcomes(db, batch) == 2
+    assert _count(db, live) == (2, 2)
+    assert _count(db, gone) == (0, 0)
+    with db.system() as uow:
+        rec = uow.requests.get(batch[0].request_id)
+        assert rec is not None and rec.api_key_id is None
+
+
 @pytest.fixture(params=["few", "staged"])
 def insert_path(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
     """Both ways a batch goes in: one ``INSERT ... unnest`` (a few rows) and ``COPY`` through a staging table."""
