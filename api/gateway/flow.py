@@ -26,9 +26,10 @@ decides who goes upstream next:
 - **Shedding**: a ``sheddable`` request whose predicted TTFT (the wait ahead of it at the measured
   dispatch rate, plus the measured time to first token upstream) already passes its SLO's TTFT target
   is refused at once (429), before a non-sheddable request is made to wait behind it.
-- **Sparse tenants**: a tenant with nothing running or waiting on the model goes at once, up to a burst
-  over the limit (:meth:`ModelFlow._sparse`), so a light tenant's request never waits for a heavy one's
-  stream to end.
+- **Sparse tenants**: a tenant with nothing running or waiting on the model goes at once, with up to a
+  burst of such requests in flight beside the limit's (:meth:`ModelFlow._sparse`), so a light tenant's
+  request never waits for a heavy one's stream to end, even while a shrinking limit leaves more in flight
+  than it allows.
 
 One process, one fairness: the counters live in this process (several processes: see
 :mod:`baton.api.gateway.capacity` and ``docs/flow-control.md``). The queue is pure asyncio, no I/O; the
@@ -119,6 +120,7 @@ class Ticket:
     state: str = "new"  # new | waiting | running | rejected | done
     charged_decode: int = 0
     alone: bool = False  #: its tenant had nothing else running on the model when it went upstream
+    sparse: bool = False  #: it went at once as a sparse tenant's, beside the limit
     _future: asyncio.Future[None] | None = field(default=None, repr=False)
 
 
@@ -167,6 +169,7 @@ class ModelFlow:
         self.settings = settings or FlowSettings()
         self.clock = clock
         self.in_flight = 0
+        self.sparse_in_flight = 0  #: of in_flight, requests that went at once as sparse tenants'
         self.waiting = 0
         self._bands: dict[int, _Band] = {}
         self._running: dict[uuid.UUID, list[Ticket]] = {}
@@ -189,8 +192,11 @@ class ModelFlow:
         :class:`FlowUnavailable` (503). A cancelled wait (the client left) gives its place back."""
         self._seen[ticket.tenant] = self.clock()
         limit = self.capacity()
-        if limit is None or (self.waiting == 0 and self.in_flight < limit) or self._sparse(ticket, limit):
+        if limit is None or (self.waiting == 0 and self.in_flight < limit):
             self._start(ticket, waited_s=0.0)
+            return
+        if self._sparse(ticket, limit):
+            self._start(ticket, waited_s=0.0, sparse=True)
             return
         self._saturated()
         self._admit_to_queue(ticket)
@@ -227,6 +233,8 @@ class ModelFlow:
             return
         ticket.state = "done"
         self.in_flight -= 1
+        if ticket.sparse:
+            self.sparse_in_flight -= 1
         running = self._running.get(ticket.tenant)
         if running is not None:
             with contextlib.suppress(ValueError):
@@ -324,12 +332,12 @@ class ModelFlow:
     # -- inside ---------------------------------------------------------------------------------
 
     def _sparse(self, ticket: Ticket, limit: int) -> bool:
-        """A tenant with nothing running or waiting on the model goes at once, up to a burst over the limit
-        (FQ-CoDel's sparse flows, RFC 8290): a light tenant never waits behind a heavy one's backlog, and a
+        """A tenant with nothing running or waiting on the model goes at once, with up to a burst of such
+        requests in flight beside the limit's (FQ-CoDel's sparse flows, RFC 8290): a light tenant never waits
+        behind a heavy one's backlog, nor for a limit that just shrank below the requests in flight, and a
         heavy tenant alone still uses the whole limit. Never ahead of a higher band that waits."""
-        burst = self.settings.sparse_burst
         tenant = ticket.tenant
-        if burst <= 0 or self.in_flight >= limit + max(1, int(limit * burst)) or tenant in self._running:
+        if not self._burst_room(limit) or tenant in self._running:
             return False
         for band in self._bands.values():
             if band.queues and (band.priority > ticket.cls.priority or tenant in band.queues):
@@ -376,28 +384,41 @@ class ModelFlow:
         ticket.state = "waiting"
         self.waiting += 1
 
+    def _burst_room(self, limit: int) -> bool:
+        """Room for one more sparse request beside the limit: a burst of ``sparse_burst`` of it, at least one."""
+        burst = self.settings.sparse_burst
+        return burst > 0 and self.sparse_in_flight < max(1, int(limit * burst))
+
     def _dispatch(self) -> None:
         while self.waiting:
-            limit = self.capacity()
-            if limit is not None and self.in_flight >= limit:
-                self._saturated()
-                return
             band = max((b for b in self._bands.values() if b.queues), key=lambda b: b.priority)
-            tenant = min(band.queues, key=self.counter)
+            limit = self.capacity()
+            sparse = limit is not None and self.in_flight >= limit
+            if not sparse:
+                tenant = min(band.queues, key=self.counter)
+            else:
+                # full: the band's next goes beside the limit only as a sparse tenant's (nothing of its own runs)
+                idle = [t for t in band.queues if t not in self._running]
+                if not idle or limit is None or not self._burst_room(limit):
+                    self._saturated()
+                    return
+                tenant = min(idle, key=self.counter)
             queue = band.queues[tenant]
             ticket = queue.popleft()
             if not queue:
                 del band.queues[tenant]
             band.last_counter = self.counter(tenant)
             self.waiting -= 1
-            self._start(ticket, waited_s=self.clock() - ticket.enqueued)
+            self._start(ticket, waited_s=self.clock() - ticket.enqueued, sparse=sparse)
             if ticket._future is not None and not ticket._future.done():
                 ticket._future.set_result(None)
 
-    def _start(self, ticket: Ticket, *, waited_s: float) -> None:
+    def _start(self, ticket: Ticket, *, waited_s: float, sparse: bool = False) -> None:
         ticket.state = "running"
         ticket.waited_s = waited_s
+        ticket.sparse = sparse
         self.in_flight += 1
+        self.sparse_in_flight += sparse
         running = self._running.setdefault(ticket.tenant, [])
         ticket.alone = not running
         running.append(ticket)

@@ -264,6 +264,31 @@ async def test_a_sparse_tenant_goes_at_once_up_to_a_burst_over_the_limit() -> No
         t.cancel()
 
 
+async def test_a_sparse_tenant_goes_at_once_while_a_shrunk_limit_leaves_more_in_flight_than_it_allows() -> None:
+    """A runs 8 under a limit of 8 that then shrinks to 2 (contention): B, with nothing running, still goes at
+    once (the burst counts the sparse requests in flight, not how far the heavy tenant is over the limit);
+    a second sparse tenant waits while B's request holds the burst, and goes once B's ends."""
+    room = Room(8)
+    f = ModelFlow("m", room, FlowSettings(sparse_burst=0.25))
+    heavy = [Ticket(A, FlowClass(), 300) for _ in range(10)]
+    tasks = [asyncio.create_task(f.enter(t)) for t in heavy]
+    await settle()
+    assert f.in_flight == 8 and f.waiting == 2
+    room.n = 2
+    light = Ticket(B, FlowClass(), 20)
+    await f.enter(light)
+    assert light.state == "running" and light.waited_s == 0 and f.in_flight == 9
+    other = Ticket(C, FlowClass(), 20)
+    late = asyncio.create_task(f.enter(other))
+    await settle()
+    assert not late.done()  # the burst (1 of a limit of 2) is B's
+    f.leave(light, 16)
+    await late
+    assert other.state == "running" and other.sparse and f.in_flight == 9 and f.waiting == 2
+    for t in tasks:
+        t.cancel()
+
+
 async def test_a_sparse_tenant_never_goes_ahead_of_a_higher_band_that_waits() -> None:
     f = flow(1, sparse_burst=1.0)
     await f.enter(Ticket(A, FlowClass(priority=90), 1))
