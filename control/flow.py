@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from baton.core import errors
-from baton.core.contracts import FLOW_VIEW_PREFIX, parse_flow_view
+from baton.core.contracts import flow_view_match, parse_flow_view
 from baton.core.db import Database
 
 log = logging.getLogger(__name__)
@@ -205,14 +205,10 @@ def _model(name: str, m: dict[str, Any], names: Mapping[uuid.UUID, tuple[str, st
 
 # --- Redis and Postgres -----------------------------------------------------------------------------
 
-def _glob_escape(s: str) -> str:
-    return "".join("\\" + c if c in "*?[]\\" else c for c in s)
-
-
 def read_flow_views(redis: Any) -> list[ProcessView]:
     """Every gateway process's stored view (``redis``: a synchronous ``redis.Redis``): SCAN by the prefix,
     then MGET; a view that expired in between or does not parse is left out."""
-    keys = sorted(set(redis.scan_iter(match=_glob_escape(FLOW_VIEW_PREFIX) + "*", count=MGET_BATCH)))
+    keys = sorted(set(redis.scan_iter(match=flow_view_match(), count=MGET_BATCH)))
     out: list[ProcessView] = []
     for i in range(0, len(keys), MGET_BATCH):
         for raw in redis.mget(keys[i:i + MGET_BATCH]):

@@ -31,11 +31,15 @@ decides who goes upstream next:
   request never waits for a heavy one's stream to end, even while a shrinking limit leaves more in flight
   than it allows.
 
-One process, one fairness: the counters live in this process (several processes: see
-:mod:`baton.api.gateway.capacity` and ``docs/flow-control.md``). The queue is pure asyncio, no I/O; the
-fast path (nothing waiting, room upstream) costs a comparison and two counter updates.
-:class:`ViewPublisher` writes every queue's view to Redis once a second, off the request path, for the
-operators' view of all gateway processes (:data:`baton.core.contracts.FLOW_VIEW_PREFIX`).
+Several processes, one fairness: :class:`ViewPublisher` writes every queue's view to Redis once a
+second, off the request path (:data:`baton.core.contracts.FLOW_VIEW_PREFIX`), for the operators' view of
+all gateway processes, and reads the other processes' views back. Each queue then counts a tenant's
+service in the other processes into its counter (:meth:`ModelFlow.merge_remote`), and a tenant that sent
+to the model through another process makes the model contended here too, so tenants pinned to different
+gateways share as if they used one. What the other processes served is at most about two seconds old;
+without Redis each process is fair on its own (the capacity's limits converge without any exchange,
+see :mod:`baton.api.gateway.capacity`). The queue is pure asyncio, no I/O; the fast path (nothing
+waiting, room upstream) costs a comparison and two counter updates.
 """
 
 from __future__ import annotations
@@ -49,13 +53,13 @@ import socket
 import time
 import uuid
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
 from baton.api.gateway.capacity import Capacities
 from baton.core import errors
-from baton.core.contracts import FLOW_VIEW_TTL_S, flow_view_key, flow_view_message
+from baton.core.contracts import FLOW_VIEW_TTL_S, flow_view_key, flow_view_match, flow_view_message, parse_flow_view
 
 log = logging.getLogger(__name__)
 
@@ -121,6 +125,8 @@ class Ticket:
     charged_decode: int = 0
     alone: bool = False  #: its tenant had nothing else running on the model when it went upstream
     sparse: bool = False  #: it went at once as a sparse tenant's, beside the limit
+    #: its tenant had nothing running or waiting on the model when it arrived (may go beside the limit)
+    new_flow: bool = False
     _future: asyncio.Future[None] | None = field(default=None, repr=False)
 
 
@@ -181,6 +187,10 @@ class ModelFlow:
         self.served_tokens: dict[uuid.UUID, list[int]] = {}  # tenant -> [prompt, decode]
         self.queued_s: dict[uuid.UUID, float] = {}  # tenant -> seconds its started requests waited, summed
         self._seen: dict[uuid.UUID, float] = {}  # tenant -> when it last sent a request to the model
+        self._served: dict[uuid.UUID, float] = {}  # tenant -> weighted cost served here (no lifts), for the others
+        # the other gateway processes, as of their last views: weighted cost served, when last seen (this clock)
+        self._remote_served: dict[uuid.UUID, float] = {}
+        self._remote_seen: dict[uuid.UUID, float] = {}
         # Jain's index over the tenants backlogged since the last reading: their weighted service then
         self._window_service: dict[uuid.UUID, float] = {}
         self._window_backlog: dict[uuid.UUID, int] = {}  # tenant -> band
@@ -191,6 +201,8 @@ class ModelFlow:
         """Returns once the request may go upstream; raises :class:`FlowRejected` (429) or
         :class:`FlowUnavailable` (503). A cancelled wait (the client left) gives its place back."""
         self._seen[ticket.tenant] = self.clock()
+        ticket.new_flow = ticket.tenant not in self._running and not any(
+            ticket.tenant in b.queues for b in self._bands.values())
         limit = self.capacity()
         if limit is None or (self.waiting == 0 and self.in_flight < limit):
             self._start(ticket, waited_s=0.0)
@@ -251,7 +263,17 @@ class ModelFlow:
         recent = [t for t, at in self._seen.items() if at >= since]
         if len(self._seen) > 2 * len(recent) + 64:  # forget tenants long gone
             self._seen = {t: self._seen[t] for t in recent}
-        return len(recent) >= 2
+        if len(recent) >= 2:
+            return True
+        remote = {t for t, at in self._remote_seen.items() if at >= since}
+        return len(remote | set(recent)) >= 2
+
+    def merge_remote(self, served: dict[uuid.UUID, float], seen_s_ago: dict[uuid.UUID, float]) -> None:
+        """What the other gateway processes report for this model: each tenant's weighted service there
+        (added to its counter here) and how long ago it last sent there (for :meth:`contended`)."""
+        now = self.clock()
+        self._remote_served = served
+        self._remote_seen = {t: now - ago for t, ago in seen_s_ago.items()}
 
     def first_token(self, ttft_s: float) -> None:
         """The upstream's measured time to first token of a request (for the predicted TTFT)."""
@@ -265,7 +287,7 @@ class ModelFlow:
 
     def counter(self, tenant: uuid.UUID) -> float:
         """The tenant's virtual counter now: what it was served, live tokens of its running requests included."""
-        c = self._counters.get(tenant, 0.0)
+        c = self._counters.get(tenant, 0.0) + self._remote_served.get(tenant, 0.0)
         for t in self._running.get(tenant, ()):
             c += max(t.live_tokens() - t.charged_decode, 0) * self.settings.decode_weight / t.cls.weight
         return c
@@ -308,6 +330,11 @@ class ModelFlow:
             row["prompt_tokens"], row["completion_tokens"] = prompt, completion
         for tenant, secs in self.queued_s.items():
             of(tenant)["queued_s"] = round(secs, 3)
+        now = self.clock()
+        for tenant, cost in self._served.items():
+            of(tenant)["served_cost"] = round(cost, 1)
+        for tenant, at in self._seen.items():
+            of(tenant)["seen_s_ago"] = round(now - at, 3)
         for (tenant, reason), n in self.shed.items():
             of(tenant)["rejected"][reason] = n
         return {"model": self.model, "limit": self.capacity(), "running": self.in_flight, "waiting": self.waiting,
@@ -336,13 +363,9 @@ class ModelFlow:
         requests in flight beside the limit's (FQ-CoDel's sparse flows, RFC 8290): a light tenant never waits
         behind a heavy one's backlog, nor for a limit that just shrank below the requests in flight, and a
         heavy tenant alone still uses the whole limit. Never ahead of a higher band that waits."""
-        tenant = ticket.tenant
-        if not self._burst_room(limit) or tenant in self._running:
+        if not ticket.new_flow or not self._burst_room(limit):
             return False
-        for band in self._bands.values():
-            if band.queues and (band.priority > ticket.cls.priority or tenant in band.queues):
-                return False
-        return True
+        return not any(b.queues and b.priority > ticket.cls.priority for b in self._bands.values())
 
     def _admit_to_queue(self, ticket: Ticket) -> None:
         cls = ticket.cls
@@ -376,7 +399,8 @@ class ModelFlow:
             # VTC's lift: a tenant joining the backlog starts at the smallest counter of those waiting
             others = [self.counter(t) for t in band.queues]
             floor = min(others) if others else band.last_counter
-            self._counters[ticket.tenant] = max(self._counters.get(ticket.tenant, 0.0), floor)
+            self._counters[ticket.tenant] = max(self._counters.get(ticket.tenant, 0.0),
+                                                floor - self._remote_served.get(ticket.tenant, 0.0))
             queue = band.queues[ticket.tenant] = deque()
             self._window_backlog[ticket.tenant] = band.priority
         queue.append(ticket)
@@ -397,8 +421,8 @@ class ModelFlow:
             if not sparse:
                 tenant = min(band.queues, key=self.counter)
             else:
-                # full: the band's next goes beside the limit only as a sparse tenant's (nothing of its own runs)
-                idle = [t for t in band.queues if t not in self._running]
+                # full: only a sparse tenant's request that found the burst spent may go beside the limit now
+                idle = [t for t, q in band.queues.items() if q[0].new_flow and t not in self._running]
                 if not idle or limit is None or not self._burst_room(limit):
                     self._saturated()
                     return
@@ -436,6 +460,7 @@ class ModelFlow:
 
     def _serve(self, tenant: uuid.UUID, cost: float) -> None:
         self._counters[tenant] = self._counters.get(tenant, 0.0) + cost
+        self._served[tenant] = self._served.get(tenant, 0.0) + cost
         self._window_service[tenant] = self._window_service.get(tenant, 0.0) + cost
 
     def _remove(self, ticket: Ticket) -> None:
@@ -494,11 +519,12 @@ class ViewPublisher:
     """Writes this process's :meth:`FlowController.view` to Redis every ``interval_s`` (expiring, so a
     stopped process drops out); a failed write is logged once and tried again at the next tick."""
 
-    def __init__(self, redis: Any, flow: FlowController, *, interval_s: float = 1.0) -> None:
+    def __init__(self, redis: Any, flow: FlowController, *, interval_s: float = 1.0,
+                 process: str | None = None) -> None:
         self.redis = redis
         self.flow = flow
         self.interval_s = interval_s
-        self.process = f"{socket.gethostname()}:{os.getpid()}"
+        self.process = process or f"{socket.gethostname()}:{os.getpid()}"
         self._task: asyncio.Task[None] | None = None
         self._failing = False
 
@@ -513,10 +539,19 @@ class ViewPublisher:
             self._task = None
 
     async def publish(self) -> None:
+        """Writes this process's view, then reads the others' back into the queues (:meth:`merge_remote`)."""
         if not self.flow.models:
             return
         await self.redis.set(flow_view_key(self.process), flow_view_message(self.process, self.flow.view()),
                              ex=FLOW_VIEW_TTL_S)
+        keys = [k async for k in self.redis.scan_iter(match=flow_view_match(), count=100)]
+        mine = flow_view_key(self.process)
+        others = [k for k in keys if (k.decode() if isinstance(k, bytes) else k) != mine]
+        views = [parse_flow_view(raw) for raw in (await self.redis.mget(others) if others else [])]
+        for name, (served, seen) in remote_figures(v for view in views if view is not None for v in view[1]).items():
+            flow = self.flow.models.get(name)
+            if flow is not None:
+                flow.merge_remote(served, seen)
 
     async def _run(self) -> None:
         while True:
@@ -531,3 +566,27 @@ class ViewPublisher:
                     log.warning("flow view not published (%s); retrying every %.0f s", type(exc).__name__,
                                 self.interval_s)
                 self._failing = True
+
+
+def remote_figures(views: Iterable[dict[str, Any]]
+                   ) -> dict[str, tuple[dict[uuid.UUID, float], dict[uuid.UUID, float]]]:
+    """Model -> (each tenant's weighted service summed over the views, its least ``seen_s_ago``), from
+    other processes' model views (:meth:`ModelFlow.snapshot` rows); rows that do not parse are left out."""
+    out: dict[str, tuple[dict[uuid.UUID, float], dict[uuid.UUID, float]]] = {}
+    for view in views:
+        name = view.get("model")
+        rows = view.get("tenants")
+        if not isinstance(name, str) or not isinstance(rows, list):
+            continue
+        served, seen = out.setdefault(name, ({}, {}))
+        for row in rows:
+            try:
+                tenant = uuid.UUID(str(row["tenant_id"]))
+            except (KeyError, TypeError, ValueError):
+                continue
+            cost, ago = row.get("served_cost"), row.get("seen_s_ago")
+            if isinstance(cost, int | float):
+                served[tenant] = served.get(tenant, 0.0) + float(cost)
+            if isinstance(ago, int | float):
+                seen[tenant] = min(seen.get(tenant, math.inf), float(ago))
+    return out

@@ -463,6 +463,11 @@ def flow_view_key(process: str) -> str:
     return FLOW_VIEW_PREFIX + process
 
 
+def flow_view_match() -> str:
+    """The Redis SCAN pattern of every process's view (the prefix, its glob characters escaped)."""
+    return "".join("\\" + c if c in "*?[]\\" else c for c in FLOW_VIEW_PREFIX) + "*"
+
+
 def flow_view_message(process: str, models: list[dict[str, Any]]) -> bytes:
     """The stored form of one process's view: ``{"process": ..., "models": [...]}`` as JSON."""
     return json.dumps({"process": process, "models": models}, separators=(",", ":")).encode()

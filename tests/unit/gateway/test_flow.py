@@ -7,7 +7,15 @@ import uuid
 
 import pytest
 
-from baton.api.gateway.flow import FlowClass, FlowRejected, FlowSettings, FlowUnavailable, ModelFlow, Ticket
+from baton.api.gateway.flow import (
+    FlowClass,
+    FlowRejected,
+    FlowSettings,
+    FlowUnavailable,
+    ModelFlow,
+    Ticket,
+    remote_figures,
+)
 
 pytestmark = pytest.mark.anyio
 
@@ -341,3 +349,48 @@ async def test_a_model_is_contended_while_two_tenants_sent_lately() -> None:
     assert f.contended(5.0)
     now["t"] = 9.0  # A last sent 9 s ago
     assert not f.contended(5.0)
+
+
+def test_other_processes_views_add_up_per_model_and_tenant() -> None:
+    """Service sums over the processes, the latest sight wins; rows that do not parse are left out."""
+    views = [
+        {"model": "m", "tenants": [{"tenant_id": str(A), "served_cost": 100.0, "seen_s_ago": 3.0},
+                                   {"tenant_id": "not-a-uuid", "served_cost": 5.0}, {"running": 1}]},
+        {"model": "m", "tenants": [{"tenant_id": str(A), "served_cost": 50, "seen_s_ago": 0.5},
+                                   {"tenant_id": str(B), "seen_s_ago": 1.0}]},
+        {"model": "n", "tenants": "not rows"},
+        {"tenants": []},
+    ]
+    assert remote_figures(views) == {"m": ({A: 150.0}, {A: 0.5, B: 1.0})}
+
+
+async def test_a_tenant_of_another_process_makes_the_model_contended_and_its_service_counts() -> None:
+    f = flow(1)
+    await f.enter(Ticket(B, FlowClass(), 10))
+    assert not f.contended(5.0) and f.counter(A) == 0
+    f.merge_remote({A: 400.0}, {A: 1.0})
+    assert f.contended(5.0) and f.counter(A) == 400.0
+    f.merge_remote({A: 400.0}, {A: 9.0})  # seen there too long ago
+    assert not f.contended(5.0)
+
+
+async def test_backlogged_tenants_share_by_weight_with_the_sparse_burst_on() -> None:
+    """Two tenants always waiting, weights 2 and 1, a limit of 2 and the default burst: a backlogged tenant's
+    request never goes beside the limit (it is not a sparse tenant's, even while none of its own runs), so
+    the starts follow the weights (the burst once let the tenant with nothing running go: shares 1:1)."""
+    heavy, light = FlowClass(weight=2.0), FlowClass(weight=1.0)
+    f = ModelFlow("m", Room(2), FlowSettings())
+    starts = {A: 0, B: 0}
+    tickets = [Ticket(A, heavy, 100) for _ in range(80)] + [Ticket(B, light, 100) for _ in range(80)]
+    tasks = [asyncio.create_task(f.enter(t)) for t in tickets]
+    await settle()
+    for _ in range(90):
+        running = [t for t in tickets if t.state == "running"]  # the oldest first
+        assert len(running) <= 3  # the limit, and B's first request (a sparse tenant's then) beside it
+        first = running[0]
+        starts[first.tenant] += 1
+        f.leave(first, 50)
+        await settle()
+    assert starts[A] / starts[B] == pytest.approx(2.0, rel=0.15)
+    for t in tasks:
+        t.cancel()
