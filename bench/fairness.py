@@ -75,6 +75,9 @@ PHASES = ("b_alone", "a_flood_b", "bands", "share")
 #: The tenants of the ``share`` phase and their policies' weights (the first's share over the second's is
 #: judged against their ratio).
 SHARE_WEIGHTS: Mapping[str, float] = {"w2": 2.0, "w1": 1.0}
+#: With a second gateway: the light tenant, the share's weight-1 tenant and the top band send there, the
+#: rest to the first (each gateway then sees only some of the tenants of a phase).
+SECOND_GATEWAY_ROLES = frozenset({"b", "w1", "high"})
 #: What a generated token costs in the gateway's fair-share counter, a prompt token costing 1 (VTC's w_q).
 DECODE_COST = 2
 #: Names of everything the benchmark makes start with this (a rerun deletes what an interrupted run left).
@@ -114,6 +117,10 @@ DEFAULT_BANDS: tuple[BandSpec, ...] = (
 class FairnessConfig:
     base_url: str = "http://127.0.0.1:8000"
     """The gateway: ``/v1`` for the tenants, ``/admin/v1`` for the setup."""
+    second_url: str = ""
+    """Another gateway of the same stack (its own process): the tenants of :data:`SECOND_GATEWAY_ROLES`
+    send there, the others to ``base_url``, so that each gateway sees only some of the tenants and the
+    fairness has to come from what the gateways share. Empty: every tenant on ``base_url``."""
     admin_token: str = field(default="", repr=False)
     """Bearer token of the admin API (never written to the result)."""
     model: str = "tiny-llama"
@@ -839,15 +846,20 @@ async def sweep(api: AdminApi, log: Callable[[str], None]) -> int:
 
 # --- the run --------------------------------------------------------------------------------------------
 
+def chat_url(cfg: FairnessConfig, role: str) -> str:
+    """Where the tenant of ``role`` sends (see :attr:`FairnessConfig.second_url`)."""
+    base = cfg.second_url if cfg.second_url and role in SECOND_GATEWAY_ROLES else cfg.base_url
+    return base.rstrip("/") + "/v1/chat/completions"
+
+
 def drivers(cfg: FairnessConfig, phase: str, secrets: Mapping[str, str]) -> list[Driver]:
     """The tenants' loads of one phase."""
-    url = cfg.base_url.rstrip("/") + "/v1/chat/completions"
-    common: dict[str, Any] = {"url": url, "model": cfg.model, "timeout_s": cfg.request_timeout_s, "seed": cfg.seed}
+    common: dict[str, Any] = {"model": cfg.model, "timeout_s": cfg.request_timeout_s, "seed": cfg.seed}
 
     def b(offset: float) -> Driver:
         return Driver(tenant="b", phase=phase, api_key=secrets["b"], prompt_words=cfg.b_prompt_words,
                       max_tokens=cfg.b_max_tokens, window_s=cfg.duration_s, offset_s=offset,
-                      interval_s=cfg.b_interval_s, **common)
+                      interval_s=cfg.b_interval_s, url=chat_url(cfg, "b"), **common)
 
     if phase == "b_alone":
         return [b(0.0)]
@@ -855,18 +867,18 @@ def drivers(cfg: FairnessConfig, phase: str, secrets: Mapping[str, str]) -> list
         a = Driver(tenant="a", phase=phase, api_key=secrets["a"], prompt_words=cfg.a_prompt_words,
                    max_tokens=cfg.a_max_tokens, window_s=cfg.lead_s + cfg.duration_s,
                    concurrency=cfg.a_concurrency, honour_retry_after=False, retry_pause_s=cfg.a_retry_pause_s,
-                   **common)
+                   url=chat_url(cfg, "a"), **common)
         return [a, b(cfg.lead_s)]
     if phase == "bands":
         return [Driver(tenant=band.name, phase=phase, api_key=secrets[band.name],
                        prompt_words=cfg.band_prompt_words, max_tokens=cfg.band_max_tokens, window_s=cfg.duration_s,
                        concurrency=band.streams or cfg.band_streams(), honour_retry_after=True, retry_pause_s=0.05,
-                       **common)
+                       url=chat_url(cfg, band.name), **common)
                 for band in cfg.bands]
     if phase == "share":
         return [Driver(tenant=name, phase=phase, api_key=secrets[name], prompt_words=cfg.share_prompt_words,
                        max_tokens=cfg.share_max_tokens, window_s=cfg.duration_s, concurrency=cfg.share_streams(),
-                       honour_retry_after=True, retry_pause_s=0.05, **common)
+                       honour_retry_after=True, retry_pause_s=0.05, url=chat_url(cfg, name), **common)
                 for name in SHARE_WEIGHTS]
     raise ValueError(f"unknown phase {phase!r}; choose from {', '.join(PHASES)}")
 
@@ -937,7 +949,6 @@ async def _warmup(cfg: FairnessConfig, secrets: Mapping[str, str], transport: An
     (streamed, or refused by flow control with 429: its key, grant and model work)."""
     import httpx
 
-    url = cfg.base_url.rstrip("/") + "/v1/chat/completions"
     rng = random.Random(cfg.seed)
     ok: dict[str, int] = {}
     async with httpx.AsyncClient(timeout=cfg.request_timeout_s, transport=transport) as client:
@@ -946,7 +957,7 @@ async def _warmup(cfg: FairnessConfig, secrets: Mapping[str, str], transport: An
             last = ""
             for i in range(cfg.warmup_requests):
                 body = chat_body(cfg.model, make_prompt(rng, cfg.b_prompt_words, f"warmup-{role}-{i}"), 8)
-                o = await send_chat(client, url, key, body, timeout_s=cfg.request_timeout_s)
+                o = await send_chat(client, chat_url(cfg, role), key, body, timeout_s=cfg.request_timeout_s)
                 ok[role] += o.kind in ("200", "429")
                 last = o.error or o.kind
             if cfg.warmup_requests and not ok[role]:

@@ -644,6 +644,11 @@ def fairness(  # noqa: PLR0917 - typer options
     base_url: Annotated[str, typer.Option(
         "--base-url", help="The running Baton's gateway (tenants' /v1 and the admin API's /admin/v1 under it).")]
     = "http://127.0.0.1:8000",
+    second_gateway: Annotated[str, typer.Option(
+        "--second-gateway", show_default=False,
+        help="Another gateway process of the same stack (e.g. `baton gateway run --port 8011`): tenants B, w1 "
+        "and the top band send there, the others to --base-url, so the fairness must come from what the two "
+        "gateways share.")] = "",
     admin_token: Annotated[str | None, typer.Option(
         "--admin-token", envvar="BATON_SECURITY__ADMIN_TOKEN", show_default=False,
         help="Bearer token of the admin API (default: BATON_SECURITY__ADMIN_TOKEN from the environment, "
@@ -738,7 +743,8 @@ def fairness(  # noqa: PLR0917 - typer options
     bands = (BandSpec("high", 90, top_ttft_ms, streams=streams["high"]),
              BandSpec("mid", 50, mid_ttft_ms, streams=streams["mid"]),
              BandSpec("low", 10, low_ttft_ms, sheddable=True, streams=streams["low"]))
-    cfg = FairnessConfig(base_url=base_url, admin_token=token, model=model, duration_s=duration_s, phases=phases,
+    cfg = FairnessConfig(base_url=base_url, second_url=second_gateway, admin_token=token, model=model,
+                         duration_s=duration_s, phases=phases,
                          b_interval_s=b_interval_s, a_concurrency=a_concurrency, band_concurrency=band_concurrency,
                          share_concurrency=share_concurrency,
                          lead_s=lead_s, gap_s=gap_s, a_retry_pause_s=a_retry_pause_s, ab_ttft_ms=ab_ttft_ms,

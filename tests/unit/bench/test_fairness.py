@@ -302,6 +302,19 @@ def test_the_share_phase_two_tenants_in_one_band_weighted_2_and_1() -> None:
     assert fb.config_dict(fb.FairnessConfig(share_concurrency=3))["share_concurrency"] == 3
 
 
+def test_a_second_gateway_takes_the_light_the_weight_1_and_the_top_band_tenants() -> None:
+    one = fb.FairnessConfig(base_url="http://g1:8000/")
+    two = fb.FairnessConfig(base_url="http://g1:8000", second_url="http://g2:8011")
+    secrets = {"a": "k", "b": "k", "w2": "k", "w1": "k", **{b.name: "k" for b in fb.DEFAULT_BANDS}}
+    for phase in fb.PHASES:
+        assert {d.url for d in fb.drivers(one, phase, secrets)} == {"http://g1:8000/v1/chat/completions"}
+        urls = {d.tenant: d.url for d in fb.drivers(two, phase, secrets)}
+        assert all(u == ("http://g2:8011" if t in fb.SECOND_GATEWAY_ROLES else "http://g1:8000")
+                   + "/v1/chat/completions" for t, u in urls.items())
+    assert {"b", "w1", "high"} == fb.SECOND_GATEWAY_ROLES
+    assert fb.config_dict(two)["second_url"] == "http://g2:8011"
+
+
 def test_summary_fails_targets_on_a_5xx_a_bare_429_and_a_slow_b() -> None:
     raw = _made_up_raw()
     raw["a_flood_b"][0]["outcomes"] += [_o("503"), _o("429")]
