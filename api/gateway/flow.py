@@ -191,6 +191,7 @@ class ModelFlow:
         # the other gateway processes, as of their last views: weighted cost served, when last seen (this clock)
         self._remote_served: dict[uuid.UUID, float] = {}
         self._remote_seen: dict[uuid.UUID, float] = {}
+        self._remote_top: int | None = None  # the highest band with requests waiting in another process
         # Jain's index over the tenants backlogged since the last reading: their weighted service then
         self._window_service: dict[uuid.UUID, float] = {}
         self._window_backlog: dict[uuid.UUID, int] = {}  # tenant -> band
@@ -204,7 +205,7 @@ class ModelFlow:
         ticket.new_flow = ticket.tenant not in self._running and not any(
             ticket.tenant in b.queues for b in self._bands.values())
         limit = self.capacity()
-        if limit is None or (self.waiting == 0 and self.in_flight < limit):
+        if limit is None or (self.waiting == 0 and self.in_flight < limit and not self._held(ticket.cls.priority)):
             self._start(ticket, waited_s=0.0)
             return
         if self._sparse(ticket, limit):
@@ -268,12 +269,15 @@ class ModelFlow:
         remote = {t for t, at in self._remote_seen.items() if at >= since}
         return len(remote | set(recent)) >= 2
 
-    def merge_remote(self, served: dict[uuid.UUID, float], seen_s_ago: dict[uuid.UUID, float]) -> None:
+    def merge_remote(self, remote: RemoteFigures) -> None:
         """What the other gateway processes report for this model: each tenant's weighted service there
-        (added to its counter here) and how long ago it last sent there (for :meth:`contended`)."""
+        (added to its counter here), how long ago it last sent there (for :meth:`contended`), and the bands
+        that wait there (a lower band here waits for them, as it would in one process)."""
         now = self.clock()
-        self._remote_served = served
-        self._remote_seen = {t: now - ago for t, ago in seen_s_ago.items()}
+        self._remote_served = remote.served
+        self._remote_seen = {t: now - ago for t, ago in remote.seen_s_ago.items()}
+        self._remote_top = max((band for band, n in remote.waiting.items() if n > 0), default=None)
+        self._dispatch()  # a higher band elsewhere may have drained
 
     def first_token(self, ttft_s: float) -> None:
         """The upstream's measured time to first token of a request (for the predicted TTFT)."""
@@ -363,7 +367,7 @@ class ModelFlow:
         requests in flight beside the limit's (FQ-CoDel's sparse flows, RFC 8290): a light tenant never waits
         behind a heavy one's backlog, nor for a limit that just shrank below the requests in flight, and a
         heavy tenant alone still uses the whole limit. Never ahead of a higher band that waits."""
-        if not ticket.new_flow or not self._burst_room(limit):
+        if not ticket.new_flow or not self._burst_room(limit) or self._held(ticket.cls.priority):
             return False
         return not any(b.queues and b.priority > ticket.cls.priority for b in self._bands.values())
 
@@ -408,6 +412,10 @@ class ModelFlow:
         ticket.state = "waiting"
         self.waiting += 1
 
+    def _held(self, priority: int) -> bool:
+        """A higher band waits in another gateway process: this band waits too."""
+        return self._remote_top is not None and self._remote_top > priority
+
     def _burst_room(self, limit: int) -> bool:
         """Room for one more sparse request beside the limit: a burst of ``sparse_burst`` of it, at least one."""
         burst = self.settings.sparse_burst
@@ -416,6 +424,8 @@ class ModelFlow:
     def _dispatch(self) -> None:
         while self.waiting:
             band = max((b for b in self._bands.values() if b.queues), key=lambda b: b.priority)
+            if self._held(band.priority):
+                return
             limit = self.capacity()
             sparse = limit is not None and self.in_flight >= limit
             if not sparse:
@@ -548,10 +558,9 @@ class ViewPublisher:
         mine = flow_view_key(self.process)
         others = [k for k in keys if (k.decode() if isinstance(k, bytes) else k) != mine]
         views = [parse_flow_view(raw) for raw in (await self.redis.mget(others) if others else [])]
-        for name, (served, seen) in remote_figures(v for view in views if view is not None for v in view[1]).items():
-            flow = self.flow.models.get(name)
-            if flow is not None:
-                flow.merge_remote(served, seen)
+        figures = remote_figures(v for view in views if view is not None for v in view[1])
+        for name, flow in self.flow.models.items():
+            flow.merge_remote(figures.get(name) or RemoteFigures())  # none: the others are gone or idle
 
     async def _run(self) -> None:
         while True:
@@ -568,17 +577,29 @@ class ViewPublisher:
                 self._failing = True
 
 
-def remote_figures(views: Iterable[dict[str, Any]]
-                   ) -> dict[str, tuple[dict[uuid.UUID, float], dict[uuid.UUID, float]]]:
-    """Model -> (each tenant's weighted service summed over the views, its least ``seen_s_ago``), from
-    other processes' model views (:meth:`ModelFlow.snapshot` rows); rows that do not parse are left out."""
-    out: dict[str, tuple[dict[uuid.UUID, float], dict[uuid.UUID, float]]] = {}
+@dataclass(slots=True)
+class RemoteFigures:
+    """What the other gateway processes' views say of one model."""
+
+    served: dict[uuid.UUID, float] = field(default_factory=dict)  #: tenant -> weighted service, summed
+    seen_s_ago: dict[uuid.UUID, float] = field(default_factory=dict)  #: tenant -> its latest request, seconds ago
+    waiting: dict[int, int] = field(default_factory=dict)  #: band -> requests waiting, summed
+
+
+def remote_figures(views: Iterable[dict[str, Any]]) -> dict[str, RemoteFigures]:
+    """Model -> what other processes' model views (:meth:`ModelFlow.snapshot`) say of it; rows that do not
+    parse are left out."""
+    out: dict[str, RemoteFigures] = {}
     for view in views:
         name = view.get("model")
         rows = view.get("tenants")
         if not isinstance(name, str) or not isinstance(rows, list):
             continue
-        served, seen = out.setdefault(name, ({}, {}))
+        fig = out.setdefault(name, RemoteFigures())
+        bands = view.get("bands")
+        for band, n in (bands.items() if isinstance(bands, dict) else ()):
+            with contextlib.suppress(TypeError, ValueError):
+                fig.waiting[int(band)] = fig.waiting.get(int(band), 0) + int(n)
         for row in rows:
             try:
                 tenant = uuid.UUID(str(row["tenant_id"]))
@@ -586,7 +607,7 @@ def remote_figures(views: Iterable[dict[str, Any]]
                 continue
             cost, ago = row.get("served_cost"), row.get("seen_s_ago")
             if isinstance(cost, int | float):
-                served[tenant] = served.get(tenant, 0.0) + float(cost)
+                fig.served[tenant] = fig.served.get(tenant, 0.0) + float(cost)
             if isinstance(ago, int | float):
-                seen[tenant] = min(seen.get(tenant, math.inf), float(ago))
+                fig.seen_s_ago[tenant] = min(fig.seen_s_ago.get(tenant, math.inf), float(ago))
     return out

@@ -13,6 +13,7 @@ from baton.api.gateway.flow import (
     FlowSettings,
     FlowUnavailable,
     ModelFlow,
+    RemoteFigures,
     Ticket,
     remote_figures,
 )
@@ -361,17 +362,40 @@ def test_other_processes_views_add_up_per_model_and_tenant() -> None:
         {"model": "n", "tenants": "not rows"},
         {"tenants": []},
     ]
-    assert remote_figures(views) == {"m": ({A: 150.0}, {A: 0.5, B: 1.0})}
+    assert remote_figures(views) == {"m": RemoteFigures({A: 150.0}, {A: 0.5, B: 1.0})}
+
+
+def test_other_processes_waiting_bands_add_up() -> None:
+    views = [{"model": "m", "bands": {"90": 2, "50": 1}, "tenants": []},
+             {"model": "m", "bands": {"90": 1, "x": 3}, "tenants": []}]
+    assert remote_figures(views)["m"].waiting == {90: 3, 50: 1}
 
 
 async def test_a_tenant_of_another_process_makes_the_model_contended_and_its_service_counts() -> None:
     f = flow(1)
     await f.enter(Ticket(B, FlowClass(), 10))
     assert not f.contended(5.0) and f.counter(A) == 0
-    f.merge_remote({A: 400.0}, {A: 1.0})
+    f.merge_remote(RemoteFigures({A: 400.0}, {A: 1.0}))
     assert f.contended(5.0) and f.counter(A) == 400.0
-    f.merge_remote({A: 400.0}, {A: 9.0})  # seen there too long ago
+    f.merge_remote(RemoteFigures({A: 400.0}, {A: 9.0}))  # seen there too long ago
     assert not f.contended(5.0)
+
+
+async def test_a_band_waits_while_a_higher_band_waits_in_another_process() -> None:
+    """Room here, but band 90 waits in another gateway process: a band-50 request (a sparse tenant's too)
+    waits, a band-90 one goes; once the other process's view shows its band drained, the wait ends."""
+    f = ModelFlow("m", Room(4), FlowSettings())
+    f.merge_remote(RemoteFigures(waiting={90: 2, 10: 5}))
+    low = Ticket(A, FlowClass(priority=50), 10)
+    task = asyncio.create_task(f.enter(low))
+    await settle()
+    assert low.state == "waiting" and f.in_flight == 0
+    high = Ticket(B, FlowClass(priority=90), 10)
+    await f.enter(high)
+    assert high.state == "running"
+    f.merge_remote(RemoteFigures(waiting={90: 0, 10: 5}))
+    await task
+    assert low.state == "running" and f.in_flight == 2
 
 
 async def test_backlogged_tenants_share_by_weight_with_the_sparse_burst_on() -> None:
