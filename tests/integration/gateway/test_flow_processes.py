@@ -5,12 +5,13 @@ process name; nothing else is shared between them."""
 
 from __future__ import annotations
 
+import asyncio
 import uuid
 
 import pytest
 import redis.asyncio as aioredis
 
-from baton.api.gateway.capacity import Capacities
+from baton.api.gateway.capacity import Capacities, CapacitySettings
 from baton.api.gateway.flow import FlowClass, FlowController, Ticket, ViewPublisher
 from baton.core.contracts import flow_view_key
 from baton.core.settings import Settings
@@ -48,6 +49,33 @@ async def test_a_tenant_served_by_one_process_counts_in_the_other(settings: Sett
         assert two.model(model).contended(5.0) and one.model(model).contended(5.0)
         assert one.model(model).counter(A) == pytest.approx(500)  # its own, not counted twice
         assert one.model(model).counter(B) == pytest.approx(20)
+    finally:
+        await redis.delete(flow_view_key(pub_one.process), flow_view_key(pub_two.process))
+        await redis.aclose()
+
+
+async def test_a_band_waiting_in_one_process_is_seen_by_the_other(settings: Settings) -> None:
+    """Process one (limit 1) has A's second request waiting in band 50 with weight 2: process two learns
+    the band's backlog (for its share of the limits) and that band 50 waits (a lower band holds)."""
+    redis = aioredis.Redis.from_url(settings.redis.url)
+    run = uuid.uuid4().hex[:8]
+    one_limit = Capacities(CapacitySettings(min_samples=0, initial=1, max_limit=1))
+    one, two = FlowController(one_limit), FlowController(Capacities())
+    pub_one = ViewPublisher(redis, one, process=f"test-{run}-1")
+    pub_two = ViewPublisher(redis, two, process=f"test-{run}-2")
+    model = f"m-{run}"
+    try:
+        cls = FlowClass(weight=2.0)
+        await one.model(model).enter(Ticket(A, cls, 10))
+        waiting = asyncio.create_task(one.model(model).enter(Ticket(A, cls, 10)))
+        await asyncio.sleep(0.01)
+        assert one.model(model).waiting == 1
+        await two.model(model).enter(Ticket(B, FlowClass(priority=10), 10))
+        await pub_one.publish()
+        await pub_two.publish()
+        flow = two.model(model)
+        assert flow._remote_backlog == {50: (2.0, 1)} and flow._held(10) and not flow._held(50)
+        waiting.cancel()
     finally:
         await redis.delete(flow_view_key(pub_one.process), flow_view_key(pub_two.process))
         await redis.aclose()
