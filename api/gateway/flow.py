@@ -193,7 +193,7 @@ class ModelFlow:
         self._remote_served: dict[uuid.UUID, float] = {}
         self._remote_seen: dict[uuid.UUID, float] = {}
         self._remote_top: int | None = None  # the highest band with requests waiting in another process
-        # band -> (weights of the tenants waiting in it in other processes, summed; how many processes)
+        # band -> (weights of the tenants waiting in it in other processes, summed; those processes' limits, summed)
         self._remote_backlog: dict[int, tuple[float, int]] = {}
         self._rng = random.Random(model)  # rounds a fractional share of the limit (see _room)
         # Jain's index over the tenants backlogged since the last reading: their weighted service then
@@ -421,16 +421,16 @@ class ModelFlow:
 
     def _room(self, limit: int, band: _Band) -> int:
         """The limit this process uses while ``band`` waits here. With tenants of that band waiting in other
-        processes too, every process's limit is alike (each learns it from the same engines), so their sum
-        is shared out by the weights waiting in each: this process takes ``limit * processes * (weights
-        waiting here) / (weights waiting anywhere)``, a fraction rounded up or down at random in proportion
-        (its average is the share). Tenants pinned to different gateways then share by weight as in one."""
+        processes too, the limits of every process where the band waits are added up and shared out by the
+        weights waiting in each: this process takes ``(its limit + theirs) * (weights waiting here) /
+        (weights waiting anywhere)``, a fraction rounded up or down at random in proportion (its average is
+        the share). Tenants pinned to different gateways then share by weight as in one."""
         remote = self._remote_backlog.get(band.priority)
         if remote is None:
             return limit
-        weights, processes = remote
+        weights, limits = remote
         here = sum(q[0].cls.weight for q in band.queues.values())
-        share = limit * (processes + 1) * here / (here + weights)
+        share = (limit + limits) * here / (here + weights)
         whole = int(share)
         return max(1, whole + (self._rng.random() < share - whole))
 
@@ -606,7 +606,7 @@ class RemoteFigures:
     served: dict[uuid.UUID, float] = field(default_factory=dict)  #: tenant -> weighted service, summed
     seen_s_ago: dict[uuid.UUID, float] = field(default_factory=dict)  #: tenant -> its latest request, seconds ago
     waiting: dict[int, int] = field(default_factory=dict)  #: band -> requests waiting, summed
-    #: band -> (weights of the tenants waiting in it, summed; processes where some wait)
+    #: band -> (weights of the tenants waiting in it, summed; the limits of the processes where some wait, summed)
     backlog: dict[int, tuple[float, int]] = field(default_factory=dict)
 
 
@@ -638,7 +638,8 @@ def remote_figures(views: Iterable[dict[str, Any]]) -> dict[str, RemoteFigures]:
                 fig.served[tenant] = fig.served.get(tenant, 0.0) + float(cost)
             if isinstance(ago, int | float):
                 fig.seen_s_ago[tenant] = min(fig.seen_s_ago.get(tenant, math.inf), float(ago))
-        for band, w in weights.items():
-            total, processes = fig.backlog.get(band, (0.0, 0))
-            fig.backlog[band] = (total + w, processes + 1)
+        limit = view.get("limit")
+        for band, w in weights.items() if isinstance(limit, int) and limit > 0 else ():
+            total, limits = fig.backlog.get(band, (0.0, 0))
+            fig.backlog[band] = (total + w, limits + limit)
     return out
