@@ -564,6 +564,11 @@ def _fairness(d: dict[str, Any]) -> str:
             text += _fairness_bands(p)
         if phase == "share" and p.get("share"):
             text += _fairness_share(p["share"])
+        fault = d.get("fault")
+        if phase == "a_flood_b" and isinstance(fault, dict):
+            what = "killed" if fault.get("killed") else "not killed"
+            text += (f"\nFault: a decode replica of `{fault.get('app', '?')}` SIGKILLed "
+                     f"{_rate(fault.get('at_s', '?'))} s into the phase ({what}: {fault.get('detail', '?')}).\n")
         if phase != "b_alone" and isinstance(p.get("jain_index"), int | float):
             text += f"\nJain's index over the tenants' tokens/s divided by their weights: {_num(p['jain_index'], 3)}.\n"
         parts.append(text)

@@ -159,6 +159,11 @@ class FairnessConfig:
     gap_s: float = 3.0
     processes: bool = True
     """Each tenant's load from its own process; False: all on one event loop."""
+    kill_decode_at_s: float | None = None
+    """Seconds into ``a_flood_b`` at which a decode replica of ``kill_app`` is SIGKILLed (on this machine,
+    found by its process title), the overload's recovery seen from outside; None: no fault."""
+    kill_app: str = "tiny-llama-pd"
+    """The Serve application (the deployment's name) whose decode replica is killed."""
     seed: int = 0
 
     def band_streams(self) -> int:
@@ -982,6 +987,8 @@ async def run_async(cfg: FairnessConfig, *, log: Callable[[str], None] = print,
     run_id = uuid.uuid4().hex[:6]
     made = Made()
     raw: dict[str, list[dict[str, Any]]] = {}
+    killer: asyncio.Task[dict[str, Any]] | None = None
+    fault: dict[str, Any] | None = None
     async with httpx.AsyncClient(base_url=cfg.base_url.rstrip("/") + "/admin/v1", timeout=30.0, transport=transport,
                                  headers={"Authorization": f"Bearer {cfg.admin_token}"}) as http:
         api = AdminApi(http)
@@ -998,6 +1005,8 @@ async def run_async(cfg: FairnessConfig, *, log: Callable[[str], None] = print,
                 span = max(d.offset_s + d.window_s for d in ds)
                 log(f"{phase}: {', '.join(_describe(d) for d in ds)}")
                 tick = _ticker(progress, phase, math.ceil(span))
+                if phase == "a_flood_b" and cfg.kill_decode_at_s is not None:
+                    killer = asyncio.create_task(_kill_decode(cfg, log))
                 if cfg.processes:
                     results = await _phase_in_processes(ds, span, tick)
                 else:
@@ -1007,6 +1016,9 @@ async def run_async(cfg: FairnessConfig, *, log: Callable[[str], None] = print,
                     raise RuntimeError(f"{phase}: tenant {failed[0]['tenant']}'s load failed:\n{failed[0]['error']}")
                 for _ in range(math.ceil(span)):
                     tick()  # the bar full: the phase is over
+                if killer is not None:
+                    fault = await killer
+                    killer = None
                 order = [d.tenant for d in ds]
                 raw[phase] = sorted(results, key=lambda r: order.index(r["tenant"]))
                 log(_phase_line(phase, raw[phase]))
@@ -1027,9 +1039,28 @@ async def run_async(cfg: FairnessConfig, *, log: Callable[[str], None] = print,
                   "completion tokens, as the gateway's fair share counts them",
         "tenants": tenants,
         **figures,
+        **({"fault": fault} if fault is not None else {}),
         "cleanup": cleaned,
         "provenance": report.provenance(started),
     }
+
+
+async def _kill_decode(cfg: FairnessConfig, log: Callable[[str], None]) -> dict[str, Any]:
+    """SIGKILLs one decode replica of ``cfg.kill_app`` (its engine processes first) at ``kill_decode_at_s``
+    into the phase; what was killed and whether it was gone, for the result."""
+    from baton.bench.chaos.faults import kill_replica, replicas_from_titles
+
+    assert cfg.kill_decode_at_s is not None
+    await asyncio.sleep(cfg.kill_decode_at_s)
+    victims = [r for r in await asyncio.to_thread(replicas_from_titles, cfg.kill_app) if r.pool == "decode"]
+    if not victims:
+        log(f"fault: no decode replica of {cfg.kill_app} found on this machine; nothing killed")
+        return {"at_s": cfg.kill_decode_at_s, "app": cfg.kill_app, "killed": False, "detail": "no decode replica"}
+    killed, detail = await asyncio.to_thread(kill_replica, victims[0])
+    log(f"fault at +{cfg.kill_decode_at_s:g} s: decode replica {victims[0].deployment} (pid {victims[0].pid}): "
+        f"{detail}")
+    return {"at_s": cfg.kill_decode_at_s, "app": cfg.kill_app, "deployment": victims[0].deployment,
+            "killed": killed, "detail": detail}
 
 
 def run(cfg: FairnessConfig, *, log: Callable[[str], None] = print,

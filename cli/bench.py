@@ -702,6 +702,12 @@ def fairness(  # noqa: PLR0917 - typer options
         "--processes/--one-process", help="Each tenant's load from its own process (one tenant's client never "
         "delays another's timing), or all on one event loop.")] = True,
     seed: Annotated[int, typer.Option("--seed", help="Seed of the prompts' words.")] = 0,
+    kill_decode_at_s: Annotated[float | None, typer.Option(
+        "--kill-decode-at", min=0, show_default=False,
+        help="Seconds into a_flood_b at which a decode replica of --kill-app is SIGKILLed (a stack on this "
+        "machine): the overload's recovery from outside.")] = None,
+    kill_app: Annotated[str, typer.Option("--kill-app", help="The deployment whose decode replica is killed.")]
+    = "tiny-llama-pd",
     out: Annotated[Path | None, typer.Option(
         "--out", show_default=False, help="JSON result path (default docs/bench-fairness.json).")] = None,
     png: Annotated[Path | None, typer.Option(
@@ -749,7 +755,7 @@ def fairness(  # noqa: PLR0917 - typer options
                          share_concurrency=share_concurrency,
                          lead_s=lead_s, gap_s=gap_s, a_retry_pause_s=a_retry_pause_s, ab_ttft_ms=ab_ttft_ms,
                          bands=bands, request_timeout_s=request_timeout_s, warmup_requests=warmup,
-                         processes=processes, seed=seed)
+                         processes=processes, seed=seed, kill_decode_at_s=kill_decode_at_s, kill_app=kill_app)
     try:
         with _progress() as factory:
             result = run_fairness(cfg, log=typer.echo, progress=factory)

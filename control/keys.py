@@ -250,8 +250,9 @@ class KeyService:
     def rotate(
         self, *, tenant_id: uuid.UUID, key_id: uuid.UUID, actor: str, overlap: dt.timedelta = dt.timedelta(hours=24)
     ) -> IssuedKey:
-        """Issues a successor with the same name, scope and expiry; the old key keeps working for
-        ``overlap`` (then expires), so clients can switch without downtime. ``overlap`` 0 ends it now."""
+        """Issues a successor with the same name, scope, expiry and rate limits; the old key keeps working for
+        ``overlap`` (then expires), so clients can switch without downtime, and shares the successor's limits
+        meanwhile. ``overlap`` 0 ends it now."""
         if overlap < dt.timedelta(0):
             raise errors.ValidationError("The overlap cannot be negative.", param="overlap")
         now = dt.datetime.now(dt.UTC)
@@ -276,6 +277,9 @@ class KeyService:
             ))
             old.rotated_to_id = new.id
             uow.flush()
+            # the key's own limits are the successor's now, and the old key, while it still works, counts
+            # against them too (the gateway follows rotated_to_id): rotating never lifts a limit
+            uow.rate_limits.move_to_key(old.id, new.id)
             view = ApiKeyView.of(new)
             uow.audit.record(actor=actor, action="api_key.rotate", target_type="api_key", target_id=str(old.id),
                              tenant_id=tenant_id, before=before, after=ApiKeyView.of(old).audit_form())

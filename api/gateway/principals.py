@@ -95,6 +95,10 @@ class ModelNotFoundError(errors.NotFoundError):
     code = "model_not_found"
 
 
+#: Successors followed from a rotated key to the one whose limits it shares.
+MAX_ROTATIONS = 16
+
+
 def load_principal(db: Database, key_hash: bytes, salt_secret: str) -> Principal | None:
     """Everything the gateway needs about one key, in one system-scope read (None: no such key)."""
     with db.system() as uow:
@@ -118,13 +122,22 @@ def load_principal(db: Database, key_hash: bytes, salt_secret: str) -> Principal
                     classes[g.name] = FlowClass(name=policy.name, priority=policy.priority,
                                                 weight=float(policy.weight), sheddable=policy.sheddable,
                                                 ttft_ms=policy.ttft_ms, tpot_ms=policy.tpot_ms)
+        # A rotated key, while its overlap lasts, counts against its latest successor's limits (one bucket)
+        limited = key
+        for _ in range(MAX_ROTATIONS):
+            nxt = uow.api_keys.get(limited.rotated_to_id) if limited.rotated_to_id not in (None, limited.id) else None
+            if nxt is None:
+                break
+            limited = nxt
         scopes: list[LimitScope] = []
         for row in limits:
             lim = Limits(row.requests_per_minute, row.tokens_per_minute, row.max_concurrency)
             if row.api_key_id is None:
                 scopes.append(LimitScope.tenant(key.tenant_id, lim))
-            elif row.api_key_id == key.id:
-                scopes.append(LimitScope.key(key.tenant_id, key.id, lim))
+            elif row.api_key_id == limited.id:
+                # the bucket is named after the limit's own row, which a rotation moves to the successor: a
+                # rotation never opens a fresh window either
+                scopes.append(LimitScope.key(key.tenant_id, row.id, lim))
         return Principal(
             key_id=key.id,
             tenant_id=key.tenant_id,

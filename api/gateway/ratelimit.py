@@ -207,6 +207,8 @@ class LimitScope:
 
     @classmethod
     def key(cls, tenant_id: uuid.UUID, key_id: uuid.UUID, limits: Limits) -> LimitScope:
+        """One key's limits; ``key_id`` names their buckets (the gateway gives the key's ``rate_limits`` row
+        id, which stays with the limits when the key is rotated)."""
         return cls._make(tenant_id, f"k:{key_id}", limits)
 
     @classmethod

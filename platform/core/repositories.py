@@ -498,6 +498,12 @@ class RateLimitRepository(Repository[m.RateLimit]):
             row = self.session.scalars(stmt, execution_options={"populate_existing": True}).one()
         return row
 
+    def move_to_key(self, from_key_id: uuid.UUID, to_key_id: uuid.UUID) -> int:
+        """A key's own limits go to another key (its successor on rotation); rows moved."""
+        stmt = update(m.RateLimit).where(m.RateLimit.api_key_id == from_key_id).values(api_key_id=to_key_id)
+        with translated():
+            return int(self.session.execute(stmt).rowcount or 0)  # type: ignore[attr-defined]
+
 
 class UsageRepository(Repository[m.UsageRecord]):
     model = m.UsageRecord

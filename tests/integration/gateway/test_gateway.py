@@ -199,6 +199,32 @@ def test_rotation_keeps_the_old_key_for_the_overlap(
     assert http.get("/v1/models", headers={"authorization": f"Bearer {newer.secret}"}).status_code == 200
 
 
+def test_a_rotated_key_keeps_its_rate_limit_and_shares_it_with_the_old_key(
+    http: httpx.Client, catalogue: Catalogue, make_tenant: MakeTenant, db: Database, settings: Settings
+) -> None:
+    """A key limited to 3 RPM, 2 used, then rotated (the path both the admin API and the console take): the
+    successor has the limit, and the old key, still in its overlap, counts against the same bucket: one
+    more request between them, then 429 on both (before, the successor had no limit at all)."""
+    import datetime as dt
+
+    key = make_tenant([catalogue.big], key_limits={"rpm": 3, "tpm": 100_000})
+    body = {"model": catalogue.big, "messages": [{"role": "user", "content": "x"}], "max_tokens": 2}
+    assert [http.post("/v1/chat/completions", headers=key.headers, json=body).status_code for _ in range(2)] == [200,
+                                                                                                              200]
+    service = KeyService(db, settings, events=RedisKeyEvents.from_settings(settings))
+    new = service.rotate(tenant_id=key.tenant_id, key_id=key.key_id, actor="t", overlap=dt.timedelta(hours=1))
+    with db.system() as uow:
+        assert [r.api_key_id for r in uow.rate_limits.for_tenant(key.tenant_id) if r.api_key_id] == [new.key.id]
+    new_headers = {"authorization": f"Bearer {new.secret}"}
+    first = http.post("/v1/chat/completions", headers=new_headers, json=body)
+    assert first.status_code == 200 and first.headers["x-ratelimit-limit-requests"] == "3"
+    assert first.headers["x-ratelimit-remaining-requests"] == "0"  # the old key's two count
+    assert http.post("/v1/chat/completions", headers=new_headers, json=body).status_code == 429
+    old = wait_for(lambda: (r := http.post("/v1/chat/completions", headers=key.headers, json=body)).status_code
+                   == 429 and r, timeout=EVENT_S)  # the old key's cached principal reloads on the rotation event
+    assert _error(old)["code"] == "rate_limit_exceeded"
+
+
 def test_rate_limited_requests_get_429_with_openai_headers(
     http: httpx.Client, catalogue: Catalogue, make_tenant: MakeTenant
 ) -> None:

@@ -270,6 +270,15 @@ def test_a_chaos_run_its_invariants_and_recovery(tmp_path: Path) -> None:
     assert "| 3,710 | 3,709 |" in text
 
 
+def test_fairness_says_where_a_fault_fell() -> None:
+    assert "Fault:" not in docreport.render("fairness", _fairness())
+    fault = {"at_s": 25.0, "app": "tiny-llama-pd", "killed": True, "detail": "SIGKILL [1, 2]: all gone"}
+    text = docreport.render("fairness", {**_fairness(), "fault": fault})
+    line = ("Fault: a decode replica of `tiny-llama-pd` SIGKILLed 25 s into the phase "
+            "(killed: SIGKILL [1, 2]: all gone).")
+    assert line in text and text.index("`a_flood_b`") < text.index(line) < text.index("`bands`")
+
+
 def test_fairness_a_table_per_phase_then_the_targets() -> None:
     text = docreport.render("fairness", _fairness())
     head = ("| tenant | priority | weight | sheddable | sent | completed | 200 | 429 | 503 | 5xx | timeouts | "
