@@ -49,7 +49,6 @@ import contextlib
 import logging
 import math
 import os
-import random
 import socket
 import time
 import uuid
@@ -193,9 +192,6 @@ class ModelFlow:
         self._remote_served: dict[uuid.UUID, float] = {}
         self._remote_seen: dict[uuid.UUID, float] = {}
         self._remote_top: int | None = None  # the highest band with requests waiting in another process
-        # band -> (weights of the tenants waiting in it in other processes, summed; those processes' limits, summed)
-        self._remote_backlog: dict[int, tuple[float, int]] = {}
-        self._rng = random.Random(model)  # rounds a fractional share of the limit (see _room)
         # Jain's index over the tenants backlogged since the last reading: their weighted service then
         self._window_service: dict[uuid.UUID, float] = {}
         self._window_backlog: dict[uuid.UUID, int] = {}  # tenant -> band
@@ -281,7 +277,6 @@ class ModelFlow:
         self._remote_served = remote.served
         self._remote_seen = {t: now - ago for t, ago in remote.seen_s_ago.items()}
         self._remote_top = max((band for band, n in remote.waiting.items() if n > 0), default=None)
-        self._remote_backlog = remote.backlog
         self._dispatch()  # a higher band elsewhere may have drained
 
     def first_token(self, ttft_s: float) -> None:
@@ -333,9 +328,7 @@ class ModelFlow:
             of(tenant)["running"] = len(running)
         for band in self._bands.values():
             for tenant, queue in band.queues.items():
-                row = of(tenant)
-                row["waiting"] += len(queue)
-                row["band"], row["weight"] = band.priority, queue[0].cls.weight
+                of(tenant)["waiting"] += len(queue)
         for tenant, (prompt, completion) in self.served_tokens.items():
             row = of(tenant)
             row["prompt_tokens"], row["completion_tokens"] = prompt, completion
@@ -419,21 +412,6 @@ class ModelFlow:
         ticket.state = "waiting"
         self.waiting += 1
 
-    def _room(self, limit: int, band: _Band) -> int:
-        """The limit this process uses while ``band`` waits here. With tenants of that band waiting in other
-        processes too, the limits of every process where the band waits are added up and shared out by the
-        weights waiting in each: this process takes ``(its limit + theirs) * (weights waiting here) /
-        (weights waiting anywhere)``, a fraction rounded up or down at random in proportion (its average is
-        the share). Tenants pinned to different gateways then share by weight as in one."""
-        remote = self._remote_backlog.get(band.priority)
-        if remote is None:
-            return limit
-        weights, limits = remote
-        here = sum(q[0].cls.weight for q in band.queues.values())
-        share = (limit + limits) * here / (here + weights)
-        whole = int(share)
-        return max(1, whole + (self._rng.random() < share - whole))
-
     def _held(self, priority: int) -> bool:
         """A higher band waits in another gateway process: this band waits too."""
         return self._remote_top is not None and self._remote_top > priority
@@ -449,7 +427,7 @@ class ModelFlow:
             if self._held(band.priority):
                 return
             limit = self.capacity()
-            sparse = limit is not None and self.in_flight >= self._room(limit, band)
+            sparse = limit is not None and self.in_flight >= limit
             if not sparse:
                 tenant = min(band.queues, key=self.counter)
             else:
@@ -606,8 +584,6 @@ class RemoteFigures:
     served: dict[uuid.UUID, float] = field(default_factory=dict)  #: tenant -> weighted service, summed
     seen_s_ago: dict[uuid.UUID, float] = field(default_factory=dict)  #: tenant -> its latest request, seconds ago
     waiting: dict[int, int] = field(default_factory=dict)  #: band -> requests waiting, summed
-    #: band -> (weights of the tenants waiting in it, summed; the limits of the processes where some wait, summed)
-    backlog: dict[int, tuple[float, int]] = field(default_factory=dict)
 
 
 def remote_figures(views: Iterable[dict[str, Any]]) -> dict[str, RemoteFigures]:
@@ -624,22 +600,14 @@ def remote_figures(views: Iterable[dict[str, Any]]) -> dict[str, RemoteFigures]:
         for band, n in (bands.items() if isinstance(bands, dict) else ()):
             with contextlib.suppress(TypeError, ValueError):
                 fig.waiting[int(band)] = fig.waiting.get(int(band), 0) + int(n)
-        weights: dict[int, float] = {}  # this process's backlog per band
         for row in rows:
             try:
                 tenant = uuid.UUID(str(row["tenant_id"]))
             except (KeyError, TypeError, ValueError):
                 continue
-            band, weight = row.get("band"), row.get("weight")
-            if row.get("waiting") and isinstance(band, int) and isinstance(weight, int | float) and weight > 0:
-                weights[band] = weights.get(band, 0.0) + float(weight)
             cost, ago = row.get("served_cost"), row.get("seen_s_ago")
             if isinstance(cost, int | float):
                 fig.served[tenant] = fig.served.get(tenant, 0.0) + float(cost)
             if isinstance(ago, int | float):
                 fig.seen_s_ago[tenant] = min(fig.seen_s_ago.get(tenant, math.inf), float(ago))
-        limit = view.get("limit")
-        for band, w in weights.items() if isinstance(limit, int) and limit > 0 else ():
-            total, limits = fig.backlog.get(band, (0.0, 0))
-            fig.backlog[band] = (total + w, limits + limit)
     return out

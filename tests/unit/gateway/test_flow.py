@@ -418,33 +418,3 @@ async def test_backlogged_tenants_share_by_weight_with_the_sparse_burst_on() -> 
     assert starts[A] / starts[B] == pytest.approx(2.0, rel=0.15)
     for t in tasks:
         t.cancel()
-
-
-def test_other_processes_backlog_counts_weights_and_processes_per_band() -> None:
-    """Per band: the weights waiting, and the limits of the processes where they wait (a process without a
-    learned limit has none to share)."""
-    views = [{"model": "m", "limit": 3,
-              "tenants": [{"tenant_id": str(A), "waiting": 3, "band": 50, "weight": 2.0},
-                          {"tenant_id": str(B), "waiting": 0, "band": 50, "weight": 5.0}]},
-             {"model": "m", "limit": 2,
-              "tenants": [{"tenant_id": str(C), "waiting": 1, "band": 50, "weight": 1.0},
-                          {"tenant_id": str(B), "waiting": 2, "band": 90, "weight": 1.0}]},
-             {"model": "m", "limit": None, "tenants": [{"tenant_id": str(C), "waiting": 1, "band": 50, "weight": 1.0}]}]
-    assert remote_figures(views)["m"].backlog == {50: (3.0, 5), 90: (1.0, 2)}
-
-
-async def test_processes_share_their_limits_by_the_weights_waiting_in_each() -> None:
-    """A limit of 2 here and a band-50 tenant of weight 1 waiting in one other process whose limit is 2: with
-    a weight-3 tenant waiting here this process takes (2 + 2) * 3/4 = 3 of the two processes' 4; with weight 1
-    against 3 there, 1. Without a backlog elsewhere, its own 2."""
-    for weight, remote, running in ((3.0, 1.0, 3), (1.0, 3.0, 1), (1.0, None, 2)):
-        f = ModelFlow("m", Room(2), FlowSettings(sparse_burst=0.0))
-        tickets = [Ticket(A, FlowClass(weight=weight), 10) for _ in range(6)]
-        tasks = [asyncio.create_task(f.enter(t)) for t in tickets]
-        await settle()
-        f.merge_remote(RemoteFigures(backlog={} if remote is None else {50: (remote, 2)}))
-        f.leave(tickets[0], 1)  # a room frees: the dispatch sees the share
-        await settle()
-        assert f.in_flight == running, (weight, remote)
-        for t in tasks:
-            t.cancel()
