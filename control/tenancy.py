@@ -445,12 +445,16 @@ class Tenancy:
                 user.role = m.UserRole(changes.role)
             if changes.disabled is not None:
                 user.disabled = changes.disabled
+            ended = 0
             if changes.password_hash is not None:
                 user.password_hash = changes.password_hash
+                # whoever knew the old password is signed out everywhere, as disabling the user does
+                ended = uow.console_sessions.end_for_user(user.id)
             uow.flush()
             after = snapshot(user) or {}
             if changes.password_hash is not None:
                 after["password_changed"] = True
+                after["sessions_ended"] = ended
             audit(uow, actor, "user.update", "user", user.id, tenant_id=tenant_id, before=before, after=after)
             uow.commit()
             return UserView.of(user)

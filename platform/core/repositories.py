@@ -984,6 +984,12 @@ class ConsoleSessionRepository(Repository[m.ConsoleSession]):
         with translated():
             self.session.execute(delete(m.ConsoleSession).where(m.ConsoleSession.token_hash == token_hash))
 
+    def end_for_user(self, user_id: uuid.UUID) -> int:
+        """Ends every session of one user (a password reset); sessions ended."""
+        stmt = delete(m.ConsoleSession).where(m.ConsoleSession.user_id == user_id)
+        with translated():
+            return int(self.session.execute(stmt).rowcount or 0)  # type: ignore[attr-defined]
+
     def touch_user(self, user_id: uuid.UUID) -> None:
         with translated():
             self.session.execute(

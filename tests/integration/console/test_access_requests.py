@@ -384,3 +384,18 @@ def test_an_organisations_users_from_the_console_refuse_what_they_must(operator:
     assert _call(operator, "PATCH", f"{base}/{uid}", json={"disabled": True}).json()["disabled"] is True
     assert _call(operator, "DELETE", f"{base}/{uid}").status_code == 204
     assert _call(operator, "DELETE", f"{base}/{uid}").status_code == 404
+
+
+def test_a_password_reset_ends_the_users_sessions(operator: Session, sign_up: SignUp) -> None:
+    """An operator resets a user's password: the user's open console session ends at once (as disabling and
+    deleting end it), and the new password signs in."""
+    t = sign_up()
+    assert t.get(f"{API}/tenant/keys").status_code == 200
+    users = _call(operator, "GET", f"{OPS}/tenants/{t.tenant_id}/users").json()
+    uid = next(u["id"] for u in users if u["email"] == t.email)
+    new_password = "a new and long enough password"
+    assert _call(operator, "PATCH", f"{OPS}/tenants/{t.tenant_id}/users/{uid}",
+                 json={"password": new_password}).status_code == 200
+    assert t.get(f"{API}/tenant/keys").status_code == 401
+    r = t.client.post(f"{API}/login", json={"email": t.email, "password": new_password})
+    assert r.status_code == 200, r.text
