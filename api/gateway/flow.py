@@ -34,9 +34,11 @@ decides who goes upstream next:
 Several processes, one fairness: :class:`ViewPublisher` writes every queue's view to Redis once a
 second, off the request path (:data:`baton.core.contracts.FLOW_VIEW_PREFIX`), for the operators' view of
 all gateway processes, and reads the other processes' views back. Each queue then counts a tenant's
-service in the other processes into its counter (:meth:`ModelFlow.merge_remote`), and a tenant that sent
-to the model through another process makes the model contended here too, so tenants pinned to different
-gateways share as if they used one. What the other processes served is at most about two seconds old;
+service in the other processes into its counter (:meth:`ModelFlow.merge_remote`), a tenant that sent to
+the model through another process makes the model contended here too, and a band waits while a higher
+band waits in another process. Each process keeps its own limit, so two tenants each pinned to its own
+gateway share by those gateways' limits, not by their weights (``docs/flow-control.md``, "Not yet").
+What the other processes served is at most about two seconds old;
 without Redis each process is fair on its own (the capacity's limits converge without any exchange,
 see :mod:`baton.api.gateway.capacity`). The queue is pure asyncio, no I/O; the fast path (nothing
 waiting, room upstream) costs a comparison and two counter updates.
