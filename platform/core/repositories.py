@@ -170,7 +170,7 @@ class Repository(Generic[T]):
         wanted = {i for i in ids if i is not None}
         if not wanted:
             return set()
-        pk = self.model.__mapper__.primary_key[0]  # type: ignore[attr-defined]
+        pk = self.model.__mapper__.primary_key[0]
         with translated():
             return set(self.session.scalars(select(pk).where(pk.in_(wanted))).all())
 
