@@ -33,13 +33,13 @@ decides who goes upstream next:
 
 Several processes, one fairness: :class:`ViewPublisher` writes every queue's view to Redis once a
 second, off the request path (:data:`baton.core.contracts.FLOW_VIEW_PREFIX`), for the operators' view of
-all gateway processes, and reads the other processes' views back (:meth:`ModelFlow.merge_remote`): a
-tenant that sent to the model through another process makes the model contended here too, and a band
-waits while a higher band waits in another process. The counters and the limit are each process's own:
-with connections spread over the processes each orders the same mix of tenants by weight, and two
-tenants each pinned to its own gateway share by those gateways' limits, not by their weights
-(``docs/flow-control.md``, "Not yet"). What a process knows of the others is at most about two seconds
-old; without Redis each process goes on alone (the capacity's limits converge without any exchange,
+all gateway processes, and reads the other processes' views back. Each queue then counts a tenant's
+service in the other processes into its counter (:meth:`ModelFlow.merge_remote`), a tenant that sent to
+the model through another process makes the model contended here too, and a band waits while a higher
+band waits in another process. Each process keeps its own limit, so two tenants each pinned to its own
+gateway share by those gateways' limits, not by their weights (``docs/flow-control.md``, "Not yet").
+What the other processes served is at most about two seconds old;
+without Redis each process is fair on its own (the capacity's limits converge without any exchange,
 see :mod:`baton.api.gateway.capacity`). The queue is pure asyncio, no I/O; the fast path (nothing
 waiting, room upstream) costs a comparison and two counter updates.
 """
@@ -189,7 +189,9 @@ class ModelFlow:
         self.served_tokens: dict[uuid.UUID, list[int]] = {}  # tenant -> [prompt, decode]
         self.queued_s: dict[uuid.UUID, float] = {}  # tenant -> seconds its started requests waited, summed
         self._seen: dict[uuid.UUID, float] = {}  # tenant -> when it last sent a request to the model
-        # the other gateway processes, as of their last views: when each tenant last sent there (this clock)
+        self._served: dict[uuid.UUID, float] = {}  # tenant -> weighted cost served here (no lifts), for the others
+        # the other gateway processes, as of their last views: weighted cost served, when last seen (this clock)
+        self._remote_served: dict[uuid.UUID, float] = {}
         self._remote_seen: dict[uuid.UUID, float] = {}
         self._remote_top: int | None = None  # the highest band with requests waiting in another process
         # Jain's index over the tenants backlogged since the last reading: their weighted service then
@@ -270,12 +272,11 @@ class ModelFlow:
         return len(remote | set(recent)) >= 2
 
     def merge_remote(self, remote: RemoteFigures) -> None:
-        """What the other gateway processes report for this model: how long ago each tenant last sent there
-        (for :meth:`contended`), and the bands that wait there (a lower band here waits for them, as it
-        would in one process). Their tenants' service does not count in the counters here: with connections
-        spread over the processes each orders the same mix by weight; counting the others' service let a
-        process leave one tenant's requests waiting for as long as another process served that tenant."""
+        """What the other gateway processes report for this model: each tenant's weighted service there
+        (added to its counter here), how long ago it last sent there (for :meth:`contended`), and the bands
+        that wait there (a lower band here waits for them, as it would in one process)."""
         now = self.clock()
+        self._remote_served = remote.served
         self._remote_seen = {t: now - ago for t, ago in remote.seen_s_ago.items()}
         self._remote_top = max((band for band, n in remote.waiting.items() if n > 0), default=None)
         self._dispatch()  # a higher band elsewhere may have drained
@@ -292,7 +293,7 @@ class ModelFlow:
 
     def counter(self, tenant: uuid.UUID) -> float:
         """The tenant's virtual counter now: what it was served, live tokens of its running requests included."""
-        c = self._counters.get(tenant, 0.0)
+        c = self._counters.get(tenant, 0.0) + self._remote_served.get(tenant, 0.0)
         for t in self._running.get(tenant, ()):
             c += max(t.live_tokens() - t.charged_decode, 0) * self.settings.decode_weight / t.cls.weight
         return c
@@ -336,6 +337,8 @@ class ModelFlow:
         for tenant, secs in self.queued_s.items():
             of(tenant)["queued_s"] = round(secs, 3)
         now = self.clock()
+        for tenant, cost in self._served.items():
+            of(tenant)["served_cost"] = round(cost, 1)
         for tenant, at in self._seen.items():
             of(tenant)["seen_s_ago"] = round(now - at, 3)
         for (tenant, reason), n in self.shed.items():
@@ -402,7 +405,8 @@ class ModelFlow:
             # VTC's lift: a tenant joining the backlog starts at the smallest counter of those waiting
             others = [self.counter(t) for t in band.queues]
             floor = min(others) if others else band.last_counter
-            self._counters[ticket.tenant] = max(self._counters.get(ticket.tenant, 0.0), floor)
+            self._counters[ticket.tenant] = max(self._counters.get(ticket.tenant, 0.0),
+                                                floor - self._remote_served.get(ticket.tenant, 0.0))
             queue = band.queues[ticket.tenant] = deque()
             self._window_backlog[ticket.tenant] = band.priority
         queue.append(ticket)
@@ -468,6 +472,7 @@ class ModelFlow:
 
     def _serve(self, tenant: uuid.UUID, cost: float) -> None:
         self._counters[tenant] = self._counters.get(tenant, 0.0) + cost
+        self._served[tenant] = self._served.get(tenant, 0.0) + cost
         self._window_service[tenant] = self._window_service.get(tenant, 0.0) + cost
 
     def _remove(self, ticket: Ticket) -> None:
@@ -578,6 +583,7 @@ class ViewPublisher:
 class RemoteFigures:
     """What the other gateway processes' views say of one model."""
 
+    served: dict[uuid.UUID, float] = field(default_factory=dict)  #: tenant -> weighted service, summed
     seen_s_ago: dict[uuid.UUID, float] = field(default_factory=dict)  #: tenant -> its latest request, seconds ago
     waiting: dict[int, int] = field(default_factory=dict)  #: band -> requests waiting, summed
 
@@ -601,7 +607,9 @@ def remote_figures(views: Iterable[dict[str, Any]]) -> dict[str, RemoteFigures]:
                 tenant = uuid.UUID(str(row["tenant_id"]))
             except (KeyError, TypeError, ValueError):
                 continue
-            ago = row.get("seen_s_ago")
+            cost, ago = row.get("served_cost"), row.get("seen_s_ago")
+            if isinstance(cost, int | float):
+                fig.served[tenant] = fig.served.get(tenant, 0.0) + float(cost)
             if isinstance(ago, int | float):
                 fig.seen_s_ago[tenant] = min(fig.seen_s_ago.get(tenant, math.inf), float(ago))
     return out

@@ -1,6 +1,6 @@
 """Two gateway processes' queues through real Redis (their view publishers, as each process runs one): a
-tenant seen by one process makes the model contended in the other, and a band waiting in one holds a
-lower band in the other. The processes are two flow controllers in one test process, each with its own
+tenant seen by one process makes the model contended in the other, and its service there counts in the
+other's fair share. The processes are two flow controllers in one test process, each with its own
 process name; nothing else is shared between them."""
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ def anyio_backend() -> str:
     return "asyncio"
 
 
-async def test_a_tenant_seen_by_one_process_makes_the_model_contended_in_the_other(settings: Settings) -> None:
+async def test_a_tenant_served_by_one_process_counts_in_the_other(settings: Settings) -> None:
     redis = aioredis.Redis.from_url(settings.redis.url)
     run = uuid.uuid4().hex[:8]
     one, two = FlowController(Capacities()), FlowController(Capacities())
@@ -36,16 +36,19 @@ async def test_a_tenant_seen_by_one_process_makes_the_model_contended_in_the_oth
     try:
         heavy = Ticket(A, FlowClass(), 300)
         await one.model(model).enter(heavy)  # no limit learned yet: goes at once
-        one.model(model).leave(heavy, 100)
+        one.model(model).leave(heavy, 100)  # 300 prompt + 2 x 100 generated = 500
         await two.model(model).enter(Ticket(B, FlowClass(), 20))
-        assert not two.model(model).contended(5.0) and not one.model(model).contended(5.0)
+        assert two.model(model).counter(A) == 0 and not two.model(model).contended(5.0)
+        assert not one.model(model).contended(5.0)
 
         await pub_one.publish()
         await pub_two.publish()  # two reads one's view
         await pub_one.publish()  # one reads two's
 
+        assert two.model(model).counter(A) == pytest.approx(500)
         assert two.model(model).contended(5.0) and one.model(model).contended(5.0)
-        assert two.model(model).counter(A) == 0  # the counters stay each process's own
+        assert one.model(model).counter(A) == pytest.approx(500)  # its own, not counted twice
+        assert one.model(model).counter(B) == pytest.approx(20)
     finally:
         await redis.delete(flow_view_key(pub_one.process), flow_view_key(pub_two.process))
         await redis.aclose()

@@ -353,16 +353,16 @@ async def test_a_model_is_contended_while_two_tenants_sent_lately() -> None:
 
 
 def test_other_processes_views_add_up_per_model_and_tenant() -> None:
-    """The latest sight of each tenant wins; rows that do not parse are left out."""
+    """Service sums over the processes, the latest sight wins; rows that do not parse are left out."""
     views = [
-        {"model": "m", "tenants": [{"tenant_id": str(A), "seen_s_ago": 3.0},
-                                   {"tenant_id": "not-a-uuid", "seen_s_ago": 5.0}, {"running": 1}]},
-        {"model": "m", "tenants": [{"tenant_id": str(A), "seen_s_ago": 0.5},
+        {"model": "m", "tenants": [{"tenant_id": str(A), "served_cost": 100.0, "seen_s_ago": 3.0},
+                                   {"tenant_id": "not-a-uuid", "served_cost": 5.0}, {"running": 1}]},
+        {"model": "m", "tenants": [{"tenant_id": str(A), "served_cost": 50, "seen_s_ago": 0.5},
                                    {"tenant_id": str(B), "seen_s_ago": 1.0}]},
         {"model": "n", "tenants": "not rows"},
         {"tenants": []},
     ]
-    assert remote_figures(views) == {"m": RemoteFigures({A: 0.5, B: 1.0})}
+    assert remote_figures(views) == {"m": RemoteFigures({A: 150.0}, {A: 0.5, B: 1.0})}
 
 
 def test_other_processes_waiting_bands_add_up() -> None:
@@ -371,13 +371,13 @@ def test_other_processes_waiting_bands_add_up() -> None:
     assert remote_figures(views)["m"].waiting == {90: 3, 50: 1}
 
 
-async def test_a_tenant_of_another_process_makes_the_model_contended() -> None:
+async def test_a_tenant_of_another_process_makes_the_model_contended_and_its_service_counts() -> None:
     f = flow(1)
     await f.enter(Ticket(B, FlowClass(), 10))
-    assert not f.contended(5.0)
-    f.merge_remote(RemoteFigures({A: 1.0}))
-    assert f.contended(5.0) and f.counter(A) == 0  # the other process's service is its own business
-    f.merge_remote(RemoteFigures({A: 9.0}))  # seen there too long ago
+    assert not f.contended(5.0) and f.counter(A) == 0
+    f.merge_remote(RemoteFigures({A: 400.0}, {A: 1.0}))
+    assert f.contended(5.0) and f.counter(A) == 400.0
+    f.merge_remote(RemoteFigures({A: 400.0}, {A: 9.0}))  # seen there too long ago
     assert not f.contended(5.0)
 
 
