@@ -19,6 +19,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal, Protocol
 
+from baton.control.roles import TenantAction, authorize
 from baton.core import errors
 from baton.core import models as m
 from baton.core.contracts import INVALIDATION_CHANNEL, InvalidationKind, invalidation_message
@@ -162,9 +163,12 @@ class KeyService:
         created_by: str,
         model_scope: Sequence[str] = (),
         expires_at: dt.datetime | None = None,
+        role: m.UserRole | None = None,
     ) -> IssuedKey:
         """Creates a key for ``tenant_id``. ``model_scope`` (empty: all the tenant's models) must name
-        models granted to the tenant."""
+        models granted to the tenant. ``role``: the caller's role inside the tenant (a console user), None
+        for an operator (:mod:`baton.control.roles`)."""
+        authorize(role, TenantAction.MANAGE_KEYS)
         name = name.strip()
         if not name or len(name) > 100:
             raise errors.ValidationError("A key name is 1 to 100 characters.", param="name")
@@ -185,10 +189,11 @@ class KeyService:
         return IssuedKey(key=view, secret=secret)
 
     def issue_playground(self, *, tenant_id: uuid.UUID, created_by: str, model: str,
-                         ttl: dt.timedelta) -> IssuedKey:
+                         ttl: dt.timedelta, role: m.UserRole | None = None) -> IssuedKey:
         """A key for one model that expires after ``ttl``, for the console's playground. A console user
         has at most one unrevoked playground key: the previous one is revoked in the same transaction
         (and every gateway is told)."""
+        authorize(role, TenantAction.USE_PLAYGROUND)
         scope = _normalise_scope([model])
         if len(scope) != 1:
             raise errors.ValidationError("Name the model to try.", param="model")
@@ -231,8 +236,10 @@ class KeyService:
         with self._db.tenant(tenant_id) as uow:
             return ApiKeyView.of(_require_key(uow, tenant_id, key_id))
 
-    def revoke(self, *, tenant_id: uuid.UUID, key_id: uuid.UUID, actor: str) -> ApiKeyView:
+    def revoke(self, *, tenant_id: uuid.UUID, key_id: uuid.UUID, actor: str,
+               role: m.UserRole | None = None) -> ApiKeyView:
         """Revokes a key at once. Revoking a revoked key changes nothing and is not an error."""
+        authorize(role, TenantAction.MANAGE_KEYS)
         with self._db.tenant(tenant_id) as uow:
             row = _require_key(uow, tenant_id, key_id)
             if row.revoked_at is not None:
@@ -248,11 +255,13 @@ class KeyService:
         return view
 
     def rotate(
-        self, *, tenant_id: uuid.UUID, key_id: uuid.UUID, actor: str, overlap: dt.timedelta = dt.timedelta(hours=24)
+        self, *, tenant_id: uuid.UUID, key_id: uuid.UUID, actor: str, overlap: dt.timedelta = dt.timedelta(hours=24),
+        role: m.UserRole | None = None,
     ) -> IssuedKey:
         """Issues a successor with the same name, scope, expiry and rate limits; the old key keeps working for
         ``overlap`` (then expires), so clients can switch without downtime, and shares the successor's limits
         meanwhile. ``overlap`` 0 ends it now."""
+        authorize(role, TenantAction.MANAGE_KEYS)
         if overlap < dt.timedelta(0):
             raise errors.ValidationError("The overlap cannot be negative.", param="overlap")
         now = dt.datetime.now(dt.UTC)

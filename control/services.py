@@ -26,10 +26,12 @@ from baton.core.settings import Settings
 
 @dataclass(frozen=True, slots=True)
 class Actor:
-    """Who a use case acts for, as the audit log names them (``admin:<token>``, ``console:<email>``)."""
+    """Who a use case acts for, as the audit log names them (``admin:<token>``, ``console:<email>``), and
+    for a tenant's console user, their role inside the tenant (:mod:`baton.control.roles`; None: an operator)."""
 
     name: str
     request_id: str | None = None
+    role: m.UserRole | None = None
 
 
 class Notifier(Protocol):

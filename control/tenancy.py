@@ -26,6 +26,7 @@ from typing import Any, Literal
 from baton.control.audit import snapshot
 from baton.control.catalogue import ModelView
 from baton.control.keys import KeyService
+from baton.control.roles import TenantAction, authorize
 from baton.control.services import Actor, Notifier, audit
 from baton.control.views import Page, Precondition, check
 from baton.core import errors
@@ -584,7 +585,8 @@ class Tenancy:
                     for mod in uow.models.list()]
 
     def request_access(self, actor: Actor, tenant_id: uuid.UUID, cmd: RequestAccess) -> AccessRequestView:
-        """Files a request for a model (or any model) for the operators to answer."""
+        """Files a request for a model (or any model) for the operators to answer (a tenant's admins only)."""
+        authorize(actor.role, TenantAction.REQUEST_ACCESS)
         note = (cmd.note or "").strip() or None
         if note is not None and len(note) > 1000:
             raise errors.ValidationError("A note has at most 1000 characters.", param="note")

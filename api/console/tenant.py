@@ -80,7 +80,7 @@ def _tid(user: TenantUser) -> uuid.UUID:
 
 
 def _actor(request: Request, user: TenantUser) -> Actor:
-    return Actor(user.actor, (request.headers.get("x-request-id") or "")[:64] or None)
+    return Actor(user.actor, (request.headers.get("x-request-id") or "")[:64] or None, role=user.role)
 
 
 @router.get("/overview")
@@ -152,19 +152,19 @@ def list_keys(ctx: Ctx, user: TenantUser,
 def create_key(body: KeyCreate, ctx: Ctx, user: TenantUser) -> dict[str, Any]:
     expires = (dt.datetime.now(dt.UTC) + dt.timedelta(days=body.expires_in_days)) if body.expires_in_days else None
     issued = ctx.keys.issue(tenant_id=_tid(user), name=body.name, created_by=user.actor,
-                            model_scope=body.model_scope, expires_at=expires)
+                            model_scope=body.model_scope, expires_at=expires, role=user.role)
     return issued_json(issued)
 
 
 @router.post("/keys/{key_id}/revoke")
 def revoke_key(key_id: uuid.UUID, ctx: Ctx, user: TenantUser) -> dict[str, Any]:
-    return key_json(ctx.keys.revoke(tenant_id=_tid(user), key_id=key_id, actor=user.actor))
+    return key_json(ctx.keys.revoke(tenant_id=_tid(user), key_id=key_id, actor=user.actor, role=user.role))
 
 
 @router.post("/keys/{key_id}/rotate")
 def rotate_key(key_id: uuid.UUID, body: KeyRotate, ctx: Ctx, user: TenantUser) -> dict[str, Any]:
     issued = ctx.keys.rotate(tenant_id=_tid(user), key_id=key_id, actor=user.actor,
-                             overlap=dt.timedelta(hours=body.overlap_hours))
+                             overlap=dt.timedelta(hours=body.overlap_hours), role=user.role)
     return issued_json(issued)
 
 
@@ -173,7 +173,7 @@ def playground_key(body: PlaygroundKey, ctx: Ctx, user: TenantUser) -> dict[str,
     """A key for one model that expires in 15 minutes, for the playground (``kind: playground``). Each
     user has at most one: asking again revokes the previous one."""
     issued = ctx.keys.issue_playground(tenant_id=_tid(user), created_by=user.actor, model=body.model,
-                                       ttl=PLAYGROUND_KEY_TTL)
+                                       ttl=PLAYGROUND_KEY_TTL, role=user.role)
     return issued_json(issued)
 
 

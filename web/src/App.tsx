@@ -93,6 +93,9 @@ function Shell() {
   }
 
   const isOperator = session.user.role === "operator";
+  // a tenant's members read and use the playground; its admins manage keys and ask for models (the API
+  // enforces the same: baton.control.roles)
+  const canManage = session.user.role !== "tenant_member";
   const nav = isOperator ? OPS_NAV : TENANT_NAV;
   let page;
   if (path === "/login" || path === "/signup") page = isOperator ? <OpsOverview /> : <Overview session={session} />;
@@ -112,8 +115,8 @@ function Shell() {
   } else if (isOperator) {
     page = path === "/" ? <OpsOverview /> : <Forbidden what="This page belongs to a tenant; operators use the operator pages." />;
   } else if (path === "/") page = <Overview session={session} />;
-  else if (path === "/keys") page = <Keys />;
-  else if (path === "/models") page = <Models />;
+  else if (path === "/keys") page = <Keys canManage={canManage} />;
+  else if (path === "/models") page = <Models canManage={canManage} />;
   else if (path === "/usage") page = <UsagePage />;
   else if (path === "/slo") page = <SloPage />;
   else if (path === "/requests") page = <Requests />;

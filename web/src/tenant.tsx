@@ -112,7 +112,9 @@ export function Overview({ session }: { session: SessionInfo }) {
 
 // --- keys ---------------------------------------------------------------------------------------
 
-export function Keys() {
+const MEMBER_NOTE = "You are a member of this organisation: its admins create, rotate and revoke keys and ask for models.";
+
+export function Keys({ canManage }: { canManage: boolean }) {
   const [showRevoked, setShowRevoked] = useState(false);
   const keys = useApi<ApiKey[]>(`/tenant/keys?include_revoked=${showRevoked}`, [showRevoked]);
   const models = useApi<TenantModel[]>("/tenant/models");
@@ -149,7 +151,11 @@ export function Keys() {
           {issued.rotated && " The previous secret keeps working for 24 hours, then expires."}
         </SecretOnce>
       )}
-      <CreateKey models={models.data ?? []} onCreated={(r) => { setIssued({ secret: r.secret, name: r.key.name, rotated: false }); keys.reload(); }} />
+      {canManage ? (
+        <CreateKey models={models.data ?? []} onCreated={(r) => { setIssued({ secret: r.secret, name: r.key.name, rotated: false }); keys.reload(); }} />
+      ) : (
+        <p className="muted" data-testid="member-note">{MEMBER_NOTE}</p>
+      )}
       <div className="card">
         <div className="row-between">
           <h2>Your keys</h2>
@@ -164,7 +170,7 @@ export function Keys() {
         {keys.data && keys.data.length > 0 && (
           <table className="table">
             <caption className="sr-only">API keys</caption>
-            <TableHead cols={["Name", "Key", "Models", "State", "Expires", "Last used"]} actions="Actions" />
+            <TableHead cols={["Name", "Key", "Models", "State", "Expires", "Last used"]} actions={canManage ? "Actions" : undefined} />
             <tbody>
               {keys.data.map((k) => (
                 <tr key={k.id}>
@@ -180,7 +186,7 @@ export function Keys() {
                   </td>
                   <td>{fmtTime(k.expires_at)}</td>
                   <td>{fmtTime(k.last_used_at)}</td>
-                  <td className="actions">
+                  {canManage && <td className="actions">
                     {k.state !== "revoked" && k.state !== "expired" && !k.rotated_to_id && (
                       <button type="button" className="secondary" onClick={() => rotate(k)} aria-label={`Rotate key ${k.name}`}>
                         Rotate
@@ -191,7 +197,7 @@ export function Keys() {
                         Revoke
                       </button>
                     )}
-                  </td>
+                  </td>}
                 </tr>
               ))}
             </tbody>
@@ -274,7 +280,7 @@ function CreateKey({ models, onCreated }: { models: TenantModel[]; onCreated: (k
 
 // --- models -------------------------------------------------------------------------------------
 
-function Catalogue({ onAsked }: { onAsked: () => void }) {
+function Catalogue({ onAsked, canManage }: { onAsked: () => void; canManage: boolean }) {
   const cat = useApi<CatalogueModel[]>("/tenant/catalogue");
   const mine = useApi<AccessRequest[]>("/tenant/access-requests");
   const ask = useAction(() => {
@@ -302,6 +308,8 @@ function Catalogue({ onAsked }: { onAsked: () => void }) {
                 <td className="actions">
                   {m.requested ? (
                     <Badge tone="info">requested</Badge>
+                  ) : !canManage ? (
+                    <span className="muted">ask an admin</span>
                   ) : (
                     <button type="button" className="secondary" disabled={ask.busy}
                       onClick={() => ask.run(() => api("/tenant/access-requests", { method: "POST", body: { model_id: m.id } }))}>
@@ -332,7 +340,7 @@ function Catalogue({ onAsked }: { onAsked: () => void }) {
   );
 }
 
-export function Models() {
+export function Models({ canManage }: { canManage: boolean }) {
   const models = useApi<TenantModel[]>("/tenant/models");
   return (
     <Page title="Models" intro="The models your organisation may call, and the service level that applies to each.">
@@ -361,7 +369,7 @@ export function Models() {
           </tbody>
         </table>
       )}
-      <Catalogue onAsked={() => models.reload()} />
+      <Catalogue onAsked={() => models.reload()} canManage={canManage} />
     </Page>
   );
 }
