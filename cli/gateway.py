@@ -31,7 +31,7 @@ def run(
         port=port or settings.gateway.port,
         workers=workers,
         loop="uvloop",
-        http="httptools",
+        http="baton.api.server:DeadlineProtocol",  # httptools with read deadlines
         access_log=False,
         log_level=log_level,
         timeout_graceful_shutdown=int(settings.gateway.shutdown_grace_s),

@@ -101,6 +101,18 @@ class GatewaySettings(BaseModel):
         "expiry (httpx and the OpenAI clients: 5 s), so the gateway never closes a connection that a client "
         "is reusing at that moment (the client would see a reset before any response)."
     )
+    header_timeout_s: float = Field(
+        10.0, gt=0, description="A request's head (request line and headers) must be whole this long after its "
+        "first byte, or the connection gets 408 and is closed."
+    )
+    body_timeout_s: float = Field(
+        30.0, gt=0, description="A request body silent this long (no bytes) ends the connection."
+    )
+    max_unfinished_per_client: int = Field(
+        64, ge=1, description="Connections of one client address that may be sending a request head at once "
+        "(per gateway process); more are answered 429 and closed. Behind a proxy every client shares its "
+        "address: raise it there."
+    )
     usage_flush_interval_s: float = Field(0.2, gt=0, description="Usage batch flush interval.")
     usage_batch_size: int = Field(1000, ge=1, description="Usage records per batch write.")
     shutdown_grace_s: float = Field(
