@@ -10,11 +10,12 @@ from __future__ import annotations
 
 import importlib
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from typing import Any
 
-from fastapi import FastAPI, Response
+from fastapi import FastAPI, Request, Response
+from pydantic import SecretStr
 
 from baton.api.errors import install_error_handlers
 from baton.core.db import Database
@@ -128,10 +129,14 @@ def create_app(
 
     from baton.api.gateway.metrics import CONTENT_TYPE, GatewayMetrics
 
-    metrics = GatewayMetrics()
+    metrics = GatewayMetrics(tenant_labels=settings.telemetry.metrics_tenant_labels)
+    scrape_ok = scrape_check(settings.telemetry.metrics_token)
 
     @app.get("/metrics", include_in_schema=False)
-    async def prometheus_metrics() -> Response:
+    async def prometheus_metrics(request: Request) -> Response:
+        refused = scrape_ok(request)
+        if refused is not None:
+            return refused
         return Response(metrics.exposition(), media_type=CONTENT_TYPE)
 
     @app.get("/healthz", include_in_schema=False)
@@ -144,6 +149,32 @@ def create_app(
     app.include_router(fallback)  # last: every other /v1 path answers in OpenAI's shape
     _document_v1_errors_as_400(app)
     return app
+
+
+_LOOPBACK = frozenset({"127.0.0.1", "::1", "localhost"})
+
+
+def scrape_check(token: SecretStr | None) -> Callable[[Request], Response | None]:
+    """Who may read ``/metrics``: with a token, a request bearing it (compared in constant time); without
+    one, loopback clients only. Returns a check of a request: None to serve it, else the refusal."""
+    import hmac
+
+    want = token.get_secret_value().encode() if token is not None else None
+
+    def check(request: Request) -> Response | None:
+        if want is None:
+            host = request.client.host if request.client else ""
+            if host in _LOOPBACK:
+                return None
+            return Response("/metrics answers loopback clients only: set BATON_TELEMETRY__METRICS_TOKEN and "
+                            "scrape with it.\n", status_code=403, media_type="text/plain")
+        scheme, _, given = request.headers.get("authorization", "").partition(" ")
+        if scheme.lower() == "bearer" and hmac.compare_digest(given.strip().encode(), want):
+            return None
+        return Response("/metrics needs the scrape token (Authorization: Bearer ...).\n", status_code=401,
+                        media_type="text/plain", headers={"www-authenticate": "Bearer"})
+
+    return check
 
 
 def _document_v1_errors_as_400(app: FastAPI) -> None:

@@ -4,6 +4,10 @@ The names, types and labels are the contract in ``ops/grafana/metrics.yaml``. Re
 observed once per request, when its outcome is written (after the data plane's facts were merged),
 never per token on the stream. Each app has its own registry, so several apps in one process (tests,
 benchmarks) do not collide.
+
+Tenant ids are labels only when the operator opts in (``BATON_TELEMETRY__METRICS_TENANT_LABELS``): without it
+the ``tenant`` label is empty (Prometheus reads an empty label as no label), so the series add up per model
+and a scrape names no tenant.
 """
 
 from __future__ import annotations
@@ -23,7 +27,8 @@ _BYTES = tuple(float(4**i * 1024) for i in range(12))  # 1 KiB .. 4 GiB
 
 
 class GatewayMetrics:
-    def __init__(self) -> None:
+    def __init__(self, *, tenant_labels: bool = False) -> None:
+        self.tenant_labels = tenant_labels
         r = self.registry = CollectorRegistry(auto_describe=True)
         self.requests = Counter("baton_requests", "Requests that reached a final state.",
                                 ["tenant", "model", "outcome"], registry=r)
@@ -72,19 +77,22 @@ class GatewayMetrics:
     def finished(self, model: str) -> None:
         self.in_flight.labels(model).dec()
 
+    def _tenant(self, tenant: object) -> str:
+        return str(tenant) if self.tenant_labels else ""
+
     def rejected(self, tenant: str, model: str) -> None:
-        self.requests.labels(tenant, model, "rejected").inc()
+        self.requests.labels(self._tenant(tenant), model, "rejected").inc()
 
     def bind_flow(self, flow: Any) -> None:
         """The gateway's :class:`~baton.api.gateway.flow.FlowController`, read at each scrape."""
         self._flow = flow
 
     def flow_rejected_by(self, tenant: object, model: str, reason: str) -> None:
-        self.flow_rejected.labels(str(tenant), model, reason).inc()
+        self.flow_rejected.labels(self._tenant(tenant), model, reason).inc()
 
     def observe(self, o: Outcome, *, slo_ttft_ms: float | None = None, slo_tpot_ms: float | None = None) -> None:
         """One request's final figures (called once per request, off the stream)."""
-        tenant, model = str(o.tenant_id), o.model
+        tenant, model = self._tenant(o.tenant_id), o.model
         if slo_ttft_ms is None:
             slo_ttft_ms, slo_tpot_ms = o.slo_ttft_ms, o.slo_tpot_ms
         if o.queue_ms is not None and o.dispatch_pc is not None:

@@ -195,6 +195,14 @@ class TelemetrySettings(BaseModel):
     link_bandwidth_gbps: float = Field(
         1.9, gt=0, description="KV link bandwidth (GB/s) used for the handoff's ideal time."
     )
+    metrics_token: SecretStr | None = Field(
+        None, description="Bearer token a scraper sends to the gateway's /metrics. Unset: /metrics answers "
+        "loopback clients only."
+    )
+    metrics_tenant_labels: bool = Field(
+        False, description="Label the gateway's request metrics with tenant ids (every scraper then sees every "
+        "tenant's traffic); off: the tenant label is empty."
+    )
 
 
 class ControlSettings(BaseModel):

@@ -45,7 +45,9 @@ def flow_url(gw_settings: Settings, flow_model: str, stub_url: str) -> Iterator[
                                ttl_s=TTL_S)
     gateway = gw_settings.gateway.model_copy(update={
         "upstreams": {**gw_settings.gateway.upstreams, flow_model: f"{stub_url}/v1"}, "flow": flow})
-    with serve(create_app(gw_settings.model_copy(update={"gateway": gateway}), optional_routers=())) as url:
+    telemetry = gw_settings.telemetry.model_copy(update={"metrics_tenant_labels": True})  # counted per tenant below
+    with serve(create_app(gw_settings.model_copy(update={"gateway": gateway, "telemetry": telemetry}),
+                          optional_routers=())) as url:
         yield url
 
 
@@ -155,12 +157,13 @@ def test_a_higher_band_goes_before_the_waiting_lower_band(flow_url: str, flow_mo
         uow.commit()
         gold = policy.name
     warm(flow_url, low, flow_model)
-    running = [start(flow_url, low, flow_model, delay=0.2) for _ in range(2)]
+    # the two running streams hold the model's limit for 4 s: long enough for the waits below on a busy machine
+    running = [start(flow_url, low, flow_model) for _ in range(2)]
     wait_for(lambda: all(a.first_token for a, _ in running))
     low_waiting = [start(flow_url, low, flow_model, delay=0.0) for _ in range(2)]
     wait_for(lambda: metric(flow_url, "baton_flow_waiting", model=flow_model) == 2)
     # the high band's tenant runs one request, then queues a second behind the low band's two
-    first_high = start(flow_url, high, flow_model, delay=0.2)
+    first_high = start(flow_url, high, flow_model)
     wait_for(lambda: first_high[0].first_token)
     second_high = start(flow_url, high, flow_model, delay=0.0)
     wait_for(lambda: metric(flow_url, "baton_flow_waiting", model=flow_model, band="90") == 1)

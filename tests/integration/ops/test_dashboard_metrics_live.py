@@ -12,10 +12,12 @@ import socket
 import subprocess
 import sys
 import time
+import uuid
 from collections.abc import Iterator
 
 import httpx
 import pytest
+from pydantic import SecretStr
 
 from tests.unit.ops import _dashboard as dash
 
@@ -91,7 +93,16 @@ def test_gateway_exports_the_dashboards_metrics(settings) -> None:  # type: igno
         pytest.skip("baton.api.app is not there yet")
     from fastapi.testclient import TestClient
 
-    with TestClient(create_app(settings)) as client:
-        resp = client.get("/metrics")
+    token = "scrape-" + uuid.uuid4().hex
+    scraped = settings.model_copy(update={"telemetry": settings.telemetry.model_copy(
+        update={"metrics_token": SecretStr(token)})})
+    with TestClient(create_app(scraped)) as client:
+        assert client.get("/metrics").status_code == 401
+        assert client.get("/metrics", headers={"authorization": "Bearer wrong"}).status_code == 401
+        resp = client.get("/metrics", headers={"authorization": f"Bearer {token}"})
     assert resp.status_code == 200
     assert dash.check_exposition(resp.text, dash.load_contract(), "gateway") == []
+    # without a token, only a loopback client may scrape (TestClient's client is "testclient")
+    with TestClient(create_app(settings)) as client:
+        refused = client.get("/metrics")
+    assert refused.status_code == 403 and "METRICS_TOKEN" in refused.text

@@ -17,13 +17,17 @@ def _sample(text: str, name: str, **labels: str) -> float | None:
     return None
 
 
+def _outcome(tenant: uuid.UUID) -> Outcome:
+    return Outcome(request_id=uuid.uuid4(), tenant_id=tenant, api_key_id=None, model="tiny",
+                   endpoint="chat/completions", stream=True, started=0.0, start_pc=10.0, first_token=10.05,
+                   end_pc=10.25, completion_tokens=5, gaps=[0.05, 0.05, 0.05, 0.05], kv_bytes=1_048_576,
+                   handoff_ms=2.0, recovery_steps=[{"step": "decode_resume", "outcome": "recovered"}])
+
+
 def test_one_outcome_feeds_every_request_series_once() -> None:
-    metrics = GatewayMetrics()
+    metrics = GatewayMetrics(tenant_labels=True)
     tenant = uuid.uuid4()
-    o = Outcome(request_id=uuid.uuid4(), tenant_id=tenant, api_key_id=None, model="tiny", endpoint="chat/completions",
-                stream=True, started=0.0, start_pc=10.0, first_token=10.05, end_pc=10.25, completion_tokens=5,
-                gaps=[0.05, 0.05, 0.05, 0.05], kv_bytes=1_048_576, handoff_ms=2.0,
-                recovery_steps=[{"step": "decode_resume", "outcome": "recovered"}])
+    o = _outcome(tenant)
     metrics.admitted("tiny")
     metrics.finished("tiny")
     metrics.observe(o, slo_ttft_ms=100, slo_tpot_ms=10)
@@ -39,3 +43,16 @@ def test_one_outcome_feeds_every_request_series_once() -> None:
     assert _sample(text, "baton_slo_requests_total", tenant=t, model="tiny", attained="false") == 1
     assert _sample(text, "baton_requests_in_flight", model="tiny") == 0
     assert o.status is m.RequestStatus.COMPLETED
+
+
+def test_without_the_opt_in_no_series_names_a_tenant() -> None:
+    metrics = GatewayMetrics()
+    tenant = uuid.uuid4()
+    metrics.observe(_outcome(tenant), slo_ttft_ms=100, slo_tpot_ms=10)
+    metrics.rejected(str(tenant), "tiny")
+    metrics.flow_rejected_by(tenant, "tiny", "ttl")
+    text = metrics.exposition().decode()
+    assert str(tenant) not in text
+    # the empty label is no label to Prometheus: the series add up per model
+    assert _sample(text, "baton_requests_total", tenant="", model="tiny", outcome="completed") == 1
+    assert _sample(text, "baton_flow_rejected_total", tenant="", model="tiny", reason="ttl") == 1

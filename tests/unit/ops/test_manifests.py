@@ -13,7 +13,7 @@ pytestmark = pytest.mark.skipif(k8s.kubectl() is None, reason="kubectl (with bui
 #: Objects the gpu overlay refers to but never renders: created outside Git (docs/production.md).
 EXTERNAL = {
     "gpu": {("Secret", "baton-secrets"), ("Secret", "baton-db-owner"), ("Secret", "baton-ray-auth"),
-            ("PersistentVolumeClaim", "baton-models")},
+            ("Secret", "baton-metrics-token"), ("PersistentVolumeClaim", "baton-models")},
     "cpu-demo": set(),
 }
 
@@ -157,7 +157,7 @@ def test_only_the_cpu_demo_commits_secrets_and_those_are_placeholders(overlay: s
     if overlay != "cpu-demo":
         assert secrets == {}
         return
-    assert set(secrets) == {"baton-secrets", "baton-db-owner", "baton-ray-auth"}
+    assert set(secrets) == {"baton-secrets", "baton-db-owner", "baton-ray-auth", "baton-metrics-token"}
     for s in secrets.values():
         for key, value in s["data"].items():
             text = base64.b64decode(value).decode()

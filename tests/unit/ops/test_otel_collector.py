@@ -108,3 +108,13 @@ def test_the_deployed_collector_runs_this_file() -> None:
         env = {e["name"] for e in dep["containers"][0]["env"]}
         assert "TRACES_OTLP_ENDPOINT" in env
         assert dep["volumes"][0]["configMap"]["name"] == cms[0]["metadata"]["name"]
+        # the gateway's /metrics wants a token: the collector sends the one the gateway reads
+        gw = k8s.by_kind(docs, "Deployment")["baton-gateway"]["spec"]["template"]["spec"]["containers"][0]
+        [want] = [e["valueFrom"]["secretKeyRef"] for e in gw["env"] if e["name"] == "BATON_TELEMETRY__METRICS_TOKEN"]
+        [job] = [j for j in _config()["receivers"]["prometheus"]["config"]["scrape_configs"]
+                 if j["job_name"] == "baton-gateway"]
+        mount = next(m for m in dep["containers"][0]["volumeMounts"]
+                     if job["authorization"]["credentials_file"].startswith(m["mountPath"] + "/"))
+        volume = next(v for v in dep["volumes"] if v["name"] == mount["name"])
+        assert volume["secret"]["secretName"] == want["name"]
+        assert job["authorization"]["credentials_file"] == f"{mount['mountPath']}/{want['key']}"
