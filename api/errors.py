@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import re
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
@@ -98,14 +99,18 @@ def error_response(request: Request, exc: errors.BatonError, *, headers: Mapping
     return problem_response(exc, instance=request.url.path, headers=headers)
 
 
+_FIELD = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+
+
 def _loc_param(loc: Sequence[Any]) -> str | None:
     parts = [p for p in loc if p not in ("body", "query", "path", "header")]
-    # Drop pydantic's union/type tags ('str', 'list[...]', 'function-after[...]') from the path.
+    # Drop pydantic's union/type tags ('str', 'list[...]', 'function-after[...]', 'constrained-str') from the
+    # path: what is left is the client's field names and list indexes.
     out = ""
     for p in parts:
         if isinstance(p, int):
             out += f"[{p}]"
-        elif isinstance(p, str) and ("[" in p or p in {"str", "int", "float", "bool", "list", "dict"}):
+        elif isinstance(p, str) and (not _FIELD.fullmatch(p) or p in {"str", "int", "float", "bool", "list", "dict"}):
             continue
         else:
             out += f".{p}" if out else str(p)
@@ -154,6 +159,11 @@ def plain_message(e: Mapping[str, Any]) -> str:
     return str(e.get("msg", "Invalid value"))
 
 
+_TYPE_MISMATCH = frozenset({"string_type", "list_type", "int_type", "float_type", "bool_type", "dict_type",
+                            "model_type", "model_attributes_type", "int_parsing", "float_parsing", "bool_parsing",
+                            "literal_error", "union_tag_invalid"})
+
+
 def validation_error(errs: Iterable[Mapping[str, Any]]) -> errors.ValidationError:
     """A request validation failure as one client error naming the first offending parameter, in plain words."""
     items = list(errs)
@@ -164,6 +174,9 @@ def validation_error(errs: Iterable[Mapping[str, Any]]) -> errors.ValidationErro
             "We could not parse the JSON body of your request. Send a JSON object with Content-Type: "
             "application/json.", fields=fields)
         return exc
+    # a value that fits no member of a union fails each member: the member whose type it has says why
+    # (["a"] * 3000 for "a text or at most 2,048 texts" is too long, not "not text")
+    first = next((e for e in items if str(e.get("type", "")) not in _TYPE_MISMATCH), first)
     param = _loc_param(first.get("loc", ()))
     msg = plain_message(first)
     where = f"'{param}'" if param else "the request body"

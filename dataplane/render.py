@@ -6,6 +6,8 @@ renderer. `baton.dataplane.app` turns the rendered dicts into Ray objects.
 
 from __future__ import annotations
 
+import hashlib
+import json
 from typing import Any, Literal
 
 from baton.core.contracts import PrefillPolicy, ReplicaEnv, ReplicaTelemetry
@@ -248,7 +250,19 @@ def engine_kwargs(spec: DeploymentSpec, role: Role) -> dict[str, Any]:
         kwargs["kv_transfer_config"] = kv
     if spec.telemetry.enabled and spec.telemetry.otlp_endpoint:
         kwargs["otlp_traces_endpoint"] = spec.telemetry.otlp_endpoint.rstrip("/") + "/v1/traces"
+    # responses carry Baton's system_fingerprint, not vLLM's (`vllm-<version>-<hash>` names the engine)
+    kwargs["fingerprint_mode"] = "custom"
+    kwargs["fingerprint_value"] = system_fingerprint(spec)
     return kwargs
+
+
+def system_fingerprint(spec: DeploymentSpec) -> str:
+    """The ``system_fingerprint`` a deployment's engines answer with, in OpenAI's form (``fp_`` and hex): it
+    changes when the model or its engine settings do (the same in every pool, whatever the replica counts)
+    and names no engine or version."""
+    what = {"model": spec.model.model_dump(mode="json"), "engine": spec.engine.model_dump(mode="json"),
+            "device": spec.device}
+    return "fp_" + hashlib.sha256(json.dumps(what, sort_keys=True).encode()).hexdigest()[:10]
 
 
 def serving_kwargs(spec: DeploymentSpec) -> dict[str, Any]:

@@ -12,6 +12,10 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, StrictBool
 
 MAX_N = 8
+#: OpenAI's limit on stop sequences.
+MAX_STOP = 4
+#: Prompts in one completions call (vLLM's own bound, VLLM_MAX_COMPLETION_PROMPTS, which Baton leaves at its default).
+MAX_PROMPTS = 1024
 _INT32 = 2**31 - 1
 
 #: Set by the gateway; a client's value is dropped (``cache_salt`` is replaced by the tenant's).
@@ -33,12 +37,25 @@ class ContentPart(_Open):
     text: str | None = None
 
 
+class ToolCallFunction(_Open):
+    name: str = Field(..., min_length=1, max_length=256)
+    arguments: str = Field(..., description="The arguments as a JSON text.")
+
+
+class ToolCall(_Open):
+    """A tool call of an earlier assistant message, as the API returned it."""
+
+    id: str = Field(..., min_length=1, max_length=256)
+    type: Literal["function"] = "function"
+    function: ToolCallFunction
+
+
 class ChatMessage(_Open):
     role: Literal["system", "developer", "user", "assistant", "tool", "function"]
     content: str | list[ContentPart] | None = None
     name: str | None = None
     tool_call_id: str | None = None
-    tool_calls: list[dict[str, Any]] | None = None
+    tool_calls: list[ToolCall] | None = None
 
 
 class _Sampling(_Open):
@@ -49,7 +66,8 @@ class _Sampling(_Open):
     temperature: float | None = Field(None, ge=0, le=2)
     top_p: float | None = Field(None, ge=0, le=1)
     n: int | None = Field(None, ge=1, le=_INT32, description=f"Choices per prompt (Baton serves at most {MAX_N}).")
-    stop: str | list[str] | None = None
+    stop: str | Annotated[list[str], Field(max_length=MAX_STOP)] | None = Field(
+        None, description=f"Up to {MAX_STOP} sequences where the model stops.")
     presence_penalty: float | None = Field(None, ge=-2, le=2)
     frequency_penalty: float | None = Field(None, ge=-2, le=2)
     seed: int | None = Field(None, ge=-(2**63), le=2**63 - 1)
@@ -71,8 +89,9 @@ class ChatCompletionRequest(_Sampling):
 class CompletionRequest(_Sampling):
     """`POST /v1/completions` (legacy text completions)."""
 
-    prompt: str | list[str] | list[int] | list[list[int]] = Field(
-        ..., description="Text, texts, token ids, or lists of token ids."
+    prompt: (str | Annotated[list[str], Field(max_length=MAX_PROMPTS)] | list[int]
+             | Annotated[list[list[int]], Field(max_length=MAX_PROMPTS)]) = Field(
+        ..., description=f"Text, texts, token ids, or lists of token ids (at most {MAX_PROMPTS} prompts)."
     )
     echo: StrictBool | None = None
     logprobs: int | None = Field(None, ge=0, le=20)

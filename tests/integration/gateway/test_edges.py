@@ -86,6 +86,35 @@ def test_wrong_types_and_numbers(http: httpx.Client, catalogue: Catalogue, make_
     assert resp.status_code in (400, 404)  # a model named 7 is unknown; everything else is invalid
 
 
+# (endpoint, change to the body, the param the client is told) -> 400 from the gateway, the engine never asked
+# (the engine's own answers name its internals: pydantic classes, its environment variables)
+OPENAI_LIMITS: list[tuple[str, dict[str, Any], str]] = [
+    ("/v1/chat/completions", {"stop": ["a", "b", "c", "d", "e"]}, "stop"),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"},
+                                           {"role": "assistant", "tool_calls": [{"id": "c1", "type": "function"}]}]},
+     "messages[1].tool_calls[0].function"),
+    ("/v1/chat/completions", {"messages": [{"role": "assistant", "tool_calls": [
+        {"id": "c1", "type": "function", "function": {"name": "f", "arguments": {"x": 1}}}]}]},
+     "messages[0].tool_calls[0].function.arguments"),
+    ("/v1/completions", {"prompt": ["hi"] * 1025}, "prompt"),
+    ("/v1/completions", {"prompt": [[1, 2]] * 1025}, "prompt"),
+    ("/v1/embeddings", {"input": ["hi"] * 2049}, "input"),
+]
+
+
+@pytest.mark.parametrize("endpoint, change, param", OPENAI_LIMITS)
+def test_openai_limits_are_answered_with_the_clients_field(http: httpx.Client, catalogue: Catalogue,
+                                                           make_tenant: MakeTenant, endpoint: str,
+                                                           change: dict[str, Any], param: str) -> None:
+    key = make_tenant([catalogue.small])
+    resp = http.post(endpoint, headers=key.headers, json={**_body(endpoint, catalogue.small), **change})
+    assert resp.status_code == 400
+    err = _openai_error(resp)
+    assert err["param"] == param, err
+    for word in ("Param", "ctx", "constrained", "VLLM_", "{'"):
+        assert word not in err["message"], err["message"]
+
+
 SURROGATES = [
     ("/v1/chat/completions", b'{"model": "%s", "messages": [{"role": "user", "content": "a\\ud800b"}]}',
      "messages[0].content"),

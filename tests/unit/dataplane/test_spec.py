@@ -8,6 +8,7 @@ from pydantic import ValidationError
 from baton.dataplane.render import (
     APP_IMPORT_PATH,
     engine_env,
+    engine_kwargs,
     render_llm_config,
     render_serve_application,
 )
@@ -261,3 +262,15 @@ def test_the_catalogues_parsers_and_chat_template_reach_every_pool():
     assert not {"enable_auto_tool_choice", "tool_call_parser", "reasoning_parser", "chat_template"} & set(plain)
     with pytest.raises(ValidationError):
         DeploymentSpec(name="tiny", model={**MODEL, "tool_call_parser": "hermes; rm -rf /"})
+
+
+def test_every_pool_answers_with_batons_fingerprint_which_follows_the_model_and_engine_not_the_replicas():
+    spec = pd_spec()
+    fps = {engine_kwargs(spec, role)["fingerprint_value"] for role in ("prefill", "decode")}
+    [fp] = fps
+    assert fp.startswith("fp_") and len(fp) == 13 and "vllm" not in fp
+    assert all(engine_kwargs(spec, role)["fingerprint_mode"] == "custom" for role in ("prefill", "decode"))
+    scaled = pd_spec(decode={"min": 2, "max": 4})
+    assert engine_kwargs(scaled, "decode")["fingerprint_value"] == fp
+    other = pd_spec(engine={"max_model_len": 1024})
+    assert engine_kwargs(other, "decode")["fingerprint_value"] != fp
