@@ -59,14 +59,15 @@ class TenantPublic(_Out):
 
 class UserCreate(_In):
     email: str = Field(pattern=r"^[^@\s\x00]+@[^@\s\x00]+\.[^@\s\x00]+$", max_length=320)
-    password: str = Field(min_length=12, max_length=256, description="At least 12 characters; kept as argon2.")
+    password: str = Field(min_length=1, max_length=256, description="Baton's password policy (baton.core.passwords: "
+                          "12 characters or more, not a common password); kept as argon2.")
     role: Literal["tenant_admin", "tenant_member"] = "tenant_member"
 
 
 class UserUpdate(_In):
     role: Literal["tenant_admin", "tenant_member"] | None = None
     disabled: bool | None = None
-    password: str | None = Field(None, min_length=12, max_length=256)
+    password: str | None = Field(None, min_length=1, max_length=256, description="As on creation.")
 
 
 class UserPublic(_Out):

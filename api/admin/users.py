@@ -8,6 +8,7 @@ import uuid
 from fastapi import APIRouter, Response, status
 
 from baton.control.tenancy import NewUser, UserChanges, UserView
+from baton.core.passwords import hash_password
 
 from ._common import actor
 from .deps import Admin, Ctx
@@ -17,19 +18,13 @@ from .schemas import UserCreate, UserPublic, UserUpdate
 router = APIRouter(prefix="/tenants/{tenant_id}/users", tags=["users"], route_class=ProblemRoute)
 
 
-def _hash(password: str) -> str:
-    from argon2 import PasswordHasher
-
-    return PasswordHasher().hash(password)
-
-
 def public(u: UserView) -> UserPublic:
     return UserPublic.model_validate(u)
 
 
 @router.post("", status_code=status.HTTP_201_CREATED, response_model=UserPublic)
 def create_user(*, tenant_id: uuid.UUID, body: UserCreate, ctx: Ctx, who: Admin) -> UserPublic:
-    new = NewUser(email=body.email, password_hash=_hash(body.password), role=body.role)
+    new = NewUser(email=body.email, password_hash=hash_password(body.password), role=body.role)
     return public(ctx.control.tenancy.create_user(actor(who), tenant_id, new))
 
 
@@ -41,7 +36,7 @@ def list_users(*, tenant_id: uuid.UUID, ctx: Ctx, who: Admin) -> list[UserPublic
 @router.patch("/{user_id}", response_model=UserPublic)
 def update_user(*, tenant_id: uuid.UUID, user_id: uuid.UUID, body: UserUpdate, ctx: Ctx, who: Admin) -> UserPublic:
     changes = UserChanges(role=body.role, disabled=body.disabled,
-                          password_hash=_hash(body.password) if body.password is not None else None)
+                          password_hash=hash_password(body.password) if body.password is not None else None)
     return public(ctx.control.tenancy.update_user(actor(who), tenant_id, user_id, changes))
 
 

@@ -29,29 +29,16 @@ from argon2.exceptions import InvalidHashError, VerificationError, VerifyMismatc
 from baton.core import errors
 from baton.core import models as m
 from baton.core.db import Database
+from baton.core.passwords import hash_password
 
 log = logging.getLogger(__name__)
 
 COOKIE_NAME = "baton_console"
 CSRF_HEADER = "x-csrf-token"
-MIN_PASSWORD = 10
-MAX_PASSWORD = 256
 
 _hasher = PasswordHasher()
 # Verified against when the email is unknown, so that a wrong email costs as long as a wrong password.
 _DUMMY_HASH = _hasher.hash("baton-console-dummy-password")
-
-
-def hash_password(password: str) -> str:
-    check_password_strength(password)
-    return _hasher.hash(password)
-
-
-def check_password_strength(password: str) -> None:
-    if len(password) < MIN_PASSWORD:
-        raise errors.ValidationError(f"The password needs at least {MIN_PASSWORD} characters.", param="password")
-    if len(password) > MAX_PASSWORD:
-        raise errors.ValidationError(f"The password has at most {MAX_PASSWORD} characters.", param="password")
 
 
 def verify_password(password_hash: str | None, password: str) -> bool:
@@ -217,25 +204,29 @@ def check_csrf(user: ConsoleUser, header_value: str | None) -> None:
 
 
 class LoginThrottle:
-    """Failed sign-ins per email and per client address in a sliding window.
+    """Failed sign-ins in a sliding window, per (email, client address), per client address, and per email
+    from everywhere with a much higher cap: a guesser is stopped after ``max_failures`` tries at one account,
+    but cannot lock its owner out from elsewhere (only a spread attack past ``max_per_email`` does).
 
     Counts live in Redis (shared by every API process) when one is given; if Redis cannot be reached
     the process falls back to its own counters, so a Redis outage never opens the door wide.
     """
 
     def __init__(self, redis_client: Any | None, *, max_failures: int = 5, max_per_ip: int = 30,
-                 window_s: int = 900) -> None:
+                 max_per_email: int = 100, window_s: int = 900) -> None:
         self._redis = redis_client
         self.max_failures = max_failures
         self.max_per_ip = max_per_ip
+        self.max_per_email = max_per_email
         self.window_s = window_s
         self._local: dict[str, list[float]] = {}
         self._lock = threading.Lock()
 
     def _keys(self, email: str, ip: str) -> list[tuple[str, int]]:
         em = hashlib.sha256(email.strip().lower().encode()).hexdigest()[:32]
-        return [(f"baton:console:login:email:{em}", self.max_failures),
-                (f"baton:console:login:ip:{ip}", self.max_per_ip)]
+        return [(f"baton:console:login:email-ip:{em}:{ip}", self.max_failures),
+                (f"baton:console:login:ip:{ip}", self.max_per_ip),
+                (f"baton:console:login:email:{em}", self.max_per_email)]
 
     def _count(self, key: str) -> int:
         if self._redis is not None:
@@ -276,8 +267,8 @@ class LoginThrottle:
             with self._lock:
                 self._local.setdefault(key, []).append(now)
 
-    def succeeded(self, email: str) -> None:
-        key = self._keys(email, "-")[0][0]
+    def succeeded(self, email: str, ip: str) -> None:
+        key = self._keys(email, ip)[0][0]
         if self._redis is not None:
             with contextlib.suppress(Exception):  # best effort; the window expires anyway
                 self._redis.delete(key)

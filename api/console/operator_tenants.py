@@ -21,11 +21,12 @@ from baton.api.admin.schemas import (
     UserPublic,
     UserUpdate,
 )
-from baton.api.console.auth import ConsoleUser, hash_password
+from baton.api.console.auth import ConsoleUser
 from baton.api.console.routes import ConsoleRoute, Ctx, OperatorUser
 from baton.control.services import Actor
 from baton.control.tenancy import AccessRequestView, Limits, NewUser, TenantView, UserChanges
 from baton.core import models as m
+from baton.core.passwords import hash_password
 
 router = APIRouter(prefix="/ops", tags=["console: operator"], route_class=ConsoleRoute)
 

@@ -13,13 +13,14 @@ from fastapi import APIRouter, Depends, Request, Response
 from pydantic import BaseModel, ConfigDict, Field
 
 from baton.api.console import operator, operator_flow, operator_tenants, static, tenant
-from baton.api.console.auth import COOKIE_NAME, Account, ConsoleUser, NewSession, check_origin, hash_password
+from baton.api.console.auth import COOKIE_NAME, Account, ConsoleUser, NewSession, check_origin
 from baton.api.console.routes import ConsoleRoute, Ctx, User
 from baton.control.services import Actor
 from baton.control.tenancy import SignUp as SignUpCommand
 from baton.control.tenancy import TenantView
 from baton.core import errors
 from baton.core import models as m
+from baton.core.passwords import hash_password
 
 API_PREFIX = "/console/api"
 
@@ -109,7 +110,7 @@ def sign_in(body: SignIn, ctx: Ctx, request: Request, response: Response) -> dic
     except errors.AuthenticationError:
         ctx.throttle.failed(body.email, ip)
         raise
-    ctx.throttle.succeeded(body.email)
+    ctx.throttle.succeeded(body.email, ip)
     s = ctx.sessions.start(user)
     _set_cookie(ctx, response, s)
     return session_json(s.user, _tenant(ctx, s.user))

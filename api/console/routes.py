@@ -3,16 +3,15 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable, Coroutine, Sequence
 from typing import Annotated, Any
-from urllib.parse import urlsplit
 
 from fastapi import Depends, HTTPException, Request, Response
 from fastapi.exceptions import RequestValidationError
 from fastapi.routing import APIRoute
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from baton.api.console.auth import COOKIE_NAME, CSRF_HEADER, ConsoleUser, check_csrf
+from baton.api.console.auth import COOKIE_NAME, CSRF_HEADER, ConsoleUser, check_csrf, origin_allowed
 from baton.api.console.context import ConsoleContext, get_context
 from baton.api.errors import problem_response, validation_error
 from baton.core import errors
@@ -59,12 +58,13 @@ class ConsoleRoute(APIRoute):
 Ctx = Annotated[ConsoleContext, Depends(get_context)]
 
 
-def _same_origin(request: Request) -> bool:
+def _same_origin(request: Request, allowed: Sequence[str]) -> bool:
+    """No ``Origin`` (not a browser's cross-site request), or this console's own scheme, host and port (or
+    one of ``console.allowed_origins``), as for signing in."""
     origin = request.headers.get("origin")
-    if not origin or origin == "null":
-        return origin is None
-    host = request.headers.get("host", "")
-    return urlsplit(origin).netloc == host
+    if origin is None:
+        return True
+    return origin_allowed(origin, own=f"{request.url.scheme}://{request.headers.get('host', '')}", allowed=allowed)
 
 
 def current_user(request: Request, ctx: Ctx) -> ConsoleUser:
@@ -74,7 +74,7 @@ def current_user(request: Request, ctx: Ctx) -> ConsoleUser:
     if user is None:
         raise errors.AuthenticationError("Sign in to continue.")
     if request.method not in SAFE_METHODS:
-        if not _same_origin(request):
+        if not _same_origin(request, ctx.settings.console.allowed_origins):
             raise errors.PermissionDeniedError("Cross-site requests are not accepted.")
         check_csrf(user, request.headers.get(CSRF_HEADER))
     return user

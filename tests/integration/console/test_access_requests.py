@@ -355,7 +355,7 @@ def test_admin_tokens_from_the_console_refuse_bad_names_and_work_on_the_admin_ap
 def test_an_organisations_users_from_the_console_refuse_what_they_must(operator: Session, sign_up: SignUp) -> None:
     t = sign_up()
     base = f"{OPS}/tenants/{t.tenant_id}/users"
-    good = {"email": f"dev@{uuid.uuid4().hex[:6]}.example.com", "password": "x" * 12}
+    good = {"email": f"dev@{uuid.uuid4().hex[:6]}.example.com", "password": "a fine long passphrase"}
     # a tenant's own session, and a missing CSRF token
     assert _call(t, "GET", f"/console/api/ops/tenants/{t.tenant_id}/users").status_code == 403
     assert _call(t, "POST", f"/console/api/ops/tenants/{t.tenant_id}/users", json=good).status_code == 403
