@@ -9,7 +9,7 @@ import pytest
 
 from .conftest import stack_pids
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.own_stack]  # own Ray head or engines: the lane (tests/stages.py)
 
 
 @pytest.mark.timeout(1200)

@@ -23,7 +23,7 @@ from pydantic import SecretStr
 
 from tests.conftest import migrated_database, settings_for
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.own_stack]  # own Ray head or engines: the lane (tests/stages.py)
 
 TOKEN = "e2e-admin-token"
 STEP_TIMEOUT_S = 420

@@ -72,6 +72,7 @@ def vllm_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
 
 
 @pytest.mark.e2e
+@pytest.mark.own_stack  # a bare engine of its own: the lane (tests/stages.py)
 def test_vllm_exports_every_engine_metric_the_dashboard_reads(vllm_server: str) -> None:
     resp = httpx.post(f"{vllm_server}/v1/completions", timeout=60,
                       json={"model": "tiny", "prompt": "hello " * 40, "max_tokens": 8})
