@@ -74,6 +74,7 @@ def build_gateway(
         router=router,
         client=http_client or new_client(timeout_s=g.upstream_timeout_s, max_connections=g.upstream_max_connections),
         default_completion_budget=g.default_completion_budget,
+        max_embedding_input_tokens=g.max_embedding_input_tokens,
         resume=ResumePolicy(attempts=g.resume_attempts, budget_s=g.resume_budget_s, backoff_s=g.resume_backoff_s)
         if g.resume else None,
         stream_stall_s=g.stream_stall_s,

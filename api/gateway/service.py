@@ -121,6 +121,10 @@ class _Admitted:
 #: Texts up to this many characters are tokenized on the event loop (well under a millisecond); a thread
 #: hop costs more than that.
 INLINE_TOKENIZE_CHARS = 4096
+#: No token of a real vocabulary is longer than this many characters: a text of more than
+#: ``context_length * MAX_CHARS_PER_TOKEN`` characters cannot fit the context, and is refused without being
+#: tokenized (a 4 MB prompt would hold a tokenizer thread for seconds before the same answer).
+MAX_CHARS_PER_TOKEN = 32
 
 #: Parameters Baton does not serve, with the reason a client gets.
 UNSUPPORTED: dict[str, str] = {
@@ -164,6 +168,7 @@ class Gateway:
         client: UpstreamClient,
         prompts: PromptCounter | None = None,
         default_completion_budget: int = 1024,
+        max_embedding_input_tokens: int = 300_000,
         resume: ResumePolicy | None = None,
         stream_stall_s: float | None = None,
         token_stall_s: float | None = None,
@@ -186,6 +191,7 @@ class Gateway:
         self.client = client
         self.prompts = prompts or PromptCounter()
         self.default_completion_budget = default_completion_budget
+        self.max_embedding_input_tokens = max_embedding_input_tokens
         self.metrics = metrics
         #: None when tracing is off: then the hot path creates no span at all.
         self.tracer = tracing.tracer if tracing is not None and tracing.provider is not None else None
@@ -270,6 +276,10 @@ class Gateway:
                         f"This model's maximum context length is {grant.context_length} tokens. However, an input "
                         f"has about {n} tokens. Please shorten it.", param="input")
                 total += n
+                if total > self.max_embedding_input_tokens:
+                    raise errors.ValidationError(
+                        f"An embeddings request may hold at most {self.max_embedding_input_tokens:,} input tokens "
+                        f"in all; this one has more. Split the inputs over several requests.", param="input")
         return Call("embeddings", payload, grant, total, 0, False)
 
     async def _count(self, text: str, grant: ModelGrant, overhead: int) -> int:
@@ -278,6 +288,8 @@ class Gateway:
         :data:`INLINE_TOKENIZE_CHARS` with the tokenizer already loaded; otherwise in a worker thread."""
         count = self.prompts.count
         n, ctx = len(text), grant.context_length
+        if n > ctx * MAX_CHARS_PER_TOKEN:
+            return n // MAX_CHARS_PER_TOKEN + 1  # fewer tokens than this is impossible: more than the context
         if (n * 8 < ctx or (n * 2 < ctx and text.isascii())  # an estimate is enough (as ``count`` decides)
                 or (n <= INLINE_TOKENIZE_CHARS and self.prompts.loaded(grant.source))):
             return count(text, source=grant.source, context_length=ctx, overhead=overhead)[0]

@@ -155,6 +155,10 @@ class GatewaySettings(BaseModel):
         "a few quick 5xx until Ray Serve routes around it)."
     )
     resume_backoff_s: float = Field(0.1, gt=0, description="First wait between attempts (doubles, max 2 s).")
+    max_embedding_input_tokens: int = Field(
+        300_000, ge=1, description="Input tokens one embeddings call may hold, all its inputs together (OpenAI's "
+        "limit): a larger call is refused with 400 before an engine sees it."
+    )
     max_request_bytes: int = Field(
         4 * 2**20, ge=1024, description="Largest request body any route accepts (bytes): a larger one is refused "
         "with 413 before it is read whole."

@@ -110,3 +110,43 @@ def test_a_part_stuck_on_stop_does_not_hang_the_gateways_shutdown(monkeypatch: p
     asyncio.run(asyncio.wait_for(service.Gateway.stop(gw), timeout=5))  # type: ignore[arg-type]
     assert stopped == ["flow views", "meter", "principals"]
     assert "key invalidation listener did not stop" in caplog.text and "rate limiter failed to stop" in caplog.text
+
+
+@pytest.fixture
+def anyio_backend() -> str:
+    return "asyncio"
+
+
+class _NoTokenizer(PromptCounter):
+    def count(self, *args: object, **kwargs: object) -> tuple[int, bool]:
+        raise AssertionError("a prompt that cannot fit the context was tokenized")
+
+
+@pytest.mark.anyio
+async def test_a_prompt_longer_than_any_tokenization_of_the_context_is_refused_untokenized() -> None:
+    from types import SimpleNamespace
+
+    from baton.api.gateway.service import MAX_CHARS_PER_TOKEN, Gateway
+
+    gw = SimpleNamespace(prompts=_NoTokenizer())
+    text = "x" * (GRANT.context_length * MAX_CHARS_PER_TOKEN + 1)
+    n = await Gateway._count(gw, text, GRANT, 0)  # type: ignore[arg-type]
+    assert n > GRANT.context_length  # the callers answer the context-length error
+
+
+@pytest.mark.anyio
+async def test_an_embeddings_call_over_the_input_token_cap_is_refused_before_any_engine() -> None:
+    from types import SimpleNamespace
+
+    from baton.api.gateway.service import Gateway
+    from baton.core import errors
+
+    embed = ModelGrant(uuid.uuid4(), "e", 512, "/nonexistent", 0, kind="embed")
+    principal = SimpleNamespace(model=lambda name: embed)
+    gw = SimpleNamespace(prompts=PromptCounter(), max_embedding_input_tokens=1000,
+                         _count=lambda text, grant, overhead: Gateway._count(gw, text, grant, overhead))
+    ok = await Gateway.prepare_embeddings(gw, principal, {"model": "e", "input": ["word " * 50] * 10})  # type: ignore[arg-type]
+    assert ok.prompt_tokens <= 1000
+    with pytest.raises(errors.ValidationError) as exc:
+        await Gateway.prepare_embeddings(gw, principal, {"model": "e", "input": ["word " * 50] * 100})  # type: ignore[arg-type]
+    assert exc.value.param == "input" and "1,000 input tokens" in exc.value.message
