@@ -27,6 +27,9 @@ Mode = Literal["aggregated", "pd"]
 Dtype = Literal["float32", "bfloat16", "float16", "fp8", "int8"]
 ModelKind = Literal["generate", "embed"]
 
+#: A deployment that served requests this recently is deleted only with ``force``.
+RECENT_TRAFFIC = dt.timedelta(minutes=15)
+
 #: Columns whose change is a new generation of the spec (what Serve must run).
 SPEC_COLUMNS = ("mode", "prefill_min_replicas", "prefill_max_replicas", "decode_min_replicas",
                 "decode_max_replicas", "engine_settings", "kv_connector", "lmcache", "device_profile",
@@ -392,11 +395,21 @@ class Catalogue:
         return out
 
     def delete_deployment(self, actor: Actor, deployment_id: uuid.UUID, *,
-                          expect: Precondition | None = None) -> DeploymentView:
-        """Marks the deployment deleted (idempotent); the reconciler removes it once Serve no longer runs it."""
+                          expect: Precondition | None = None, force: bool = False) -> DeploymentView:
+        """Marks the deployment deleted (idempotent); the reconciler removes it once Serve no longer runs it.
+        A deployment that served requests in the last :data:`RECENT_TRAFFIC` is only deleted with ``force``
+        (409 otherwise): deleting it stops what its tenants are calling."""
         with self.db.system() as uow:
             d = uow.deployments.require(deployment_id)
             check(expect, d.version)
+            if d.desired_state is not m.DesiredState.DELETED and not force:
+                since = dt.datetime.now(dt.UTC) - RECENT_TRAFFIC
+                served = uow.requests.count_for_deployment(d.name, since)
+                if served:
+                    minutes = int(RECENT_TRAFFIC.total_seconds() // 60)
+                    raise errors.ConflictError(
+                        f"The deployment {d.name} served {served} requests in the last {minutes} minutes: deleting "
+                        "it stops serving its model. Delete it with force to go ahead.", param="force")
             if d.desired_state is not m.DesiredState.DELETED:
                 before = snapshot(d)
                 d.desired_state = m.DesiredState.DELETED

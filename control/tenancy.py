@@ -408,12 +408,22 @@ class Tenancy:
             self.notify.invalidate("tenant", tenant_id)
         return out
 
-    def delete_tenant(self, actor: Actor, tenant_id: uuid.UUID, *, expect: Precondition | None = None) -> None:
-        """Deletes the tenant with its users, keys, grants, limits, requests and usage."""
+    def delete_tenant(self, actor: Actor, tenant_id: uuid.UUID, *, expect: Precondition | None = None,
+                      force: bool = False) -> None:
+        """Deletes the tenant with its users, keys, grants, limits, requests and usage. A tenant with live API
+        keys (its clients may be calling) is only deleted with ``force`` (409 otherwise): suspend it first
+        to see who notices, or revoke its keys."""
         with self.db.system() as uow:
             t = uow.tenants.require(tenant_id)
             check(expect, t.version)
-            key_ids = [k.id for k in uow.api_keys.for_tenant(tenant_id, include_revoked=True)]
+            keys = uow.api_keys.for_tenant(tenant_id, include_revoked=True)
+            now = dt.datetime.now(dt.UTC)
+            live = [k for k in keys if k.revoked_at is None and (k.expires_at is None or k.expires_at > now)]
+            if live and not force:
+                raise errors.ConflictError(
+                    f"The tenant {t.name} has {len(live)} live API keys: deleting it cuts off every client that "
+                    "uses them. Revoke them, or delete it with force.", param="force")
+            key_ids = [k.id for k in keys]
             before = {**(snapshot(t) or {}), "api_keys": [str(k) for k in key_ids]}
             uow.tenants.delete(t)
             audit(uow, actor, "tenant.delete", "tenant", tenant_id, tenant_id=tenant_id, before=before)

@@ -91,11 +91,14 @@ def update_deployment(*, deployment_id: uuid.UUID, body: DeploymentUpdate, ctx: 
 
 
 @router.delete("/{deployment_id}", status_code=status.HTTP_202_ACCEPTED, response_model=DeploymentPublic)
-def delete_deployment(*, deployment_id: uuid.UUID, ctx: Ctx, who: Admin, request: Request,
-                      response: Response) -> DeploymentPublic:
-    """Marks the deployment deleted; it disappears once Ray Serve no longer runs it (202)."""
+def delete_deployment(*, deployment_id: uuid.UUID, ctx: Ctx, who: Admin, request: Request, response: Response,
+                      force: Annotated[bool, Query(description="Delete even though it served requests in the "
+                                                               "last 15 minutes (409 without).")] = False,
+                      ) -> DeploymentPublic:
+    """Marks the deployment deleted; it disappears once Ray Serve no longer runs it (202). One that served
+    requests in the last 15 minutes needs ``force=true``."""
     view = ctx.control.catalogue.delete_deployment(_actor(who), deployment_id,
-                                                   expect=lambda v: check_if_match(request, v))
+                                                   expect=lambda v: check_if_match(request, v), force=force)
     out = convert.deployment_public(view)
     set_etag(response, out.version)
     return out

@@ -78,9 +78,13 @@ def resume_tenant(*, tenant_id: uuid.UUID, ctx: Ctx, who: Admin, request: Reques
 
 
 @router.delete("/{tenant_id}", status_code=status.HTTP_204_NO_CONTENT)
-def delete_tenant(*, tenant_id: uuid.UUID, ctx: Ctx, who: Admin, request: Request) -> Response:
-    """Deletes the tenant with its users, keys, grants, limits and usage."""
-    ctx.control.tenancy.delete_tenant(actor(who), tenant_id, expect=lambda v: check_if_match(request, v))
+def delete_tenant(*, tenant_id: uuid.UUID, ctx: Ctx, who: Admin, request: Request,
+                  force: Annotated[bool, Query(description="Delete even though it has live API keys (409 "
+                                                           "without).")] = False) -> Response:
+    """Deletes the tenant with its users, keys, grants, limits and usage. A tenant with live API keys needs
+    ``force=true``."""
+    ctx.control.tenancy.delete_tenant(actor(who), tenant_id, expect=lambda v: check_if_match(request, v),
+                                      force=force)
     return Response(status_code=status.HTTP_204_NO_CONTENT)
 
 

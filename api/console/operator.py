@@ -201,10 +201,12 @@ def update_deployment(*, deployment_id: uuid.UUID, body: DeploymentUpdate, ctx: 
 
 
 @router.delete("/deployments/{deployment_id}", response_model=DeploymentPublic)
-def delete_deployment(deployment_id: uuid.UUID, ctx: Ctx, request: Request, user: OperatorUser,
-                      response: Response) -> DeploymentPublic:
-    """Marks the deployment deleted; it disappears once Ray Serve no longer runs it."""
-    view = ctx.control.catalogue.delete_deployment(_actor(request, user), deployment_id, expect=_if_match(request))
+def delete_deployment(deployment_id: uuid.UUID, ctx: Ctx, request: Request, user: OperatorUser, *,
+                      response: Response, force: bool = False) -> DeploymentPublic:
+    """Marks the deployment deleted; it disappears once Ray Serve no longer runs it. One that served requests
+    in the last 15 minutes needs ``force=true`` (the page asks the operator to type its name)."""
+    view = ctx.control.catalogue.delete_deployment(_actor(request, user), deployment_id, expect=_if_match(request),
+                                                   force=force)
     out = convert.deployment_public(view)
     set_etag(response, out.version)
     return out

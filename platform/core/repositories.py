@@ -653,6 +653,14 @@ class RequestRecordRepository(Repository[m.RequestRecord]):
             stmt = stmt.where(r.trace_id == trace_id)
         return stmt.order_by(r.started_at.desc(), r.id)
 
+    def count_for_deployment(self, deployment: str, since: dt.datetime) -> int:
+        """Requests a deployment served (by its name) that started at or after ``since``."""
+        r = m.RequestRecord
+        with translated():
+            n = self.session.execute(select(func.count()).where(r.deployment == deployment,
+                                                                r.started_at >= since)).scalar_one()
+        return int(n)
+
     def counts_since(self, since: dt.datetime) -> tuple[int, int]:
         """Requests started at or after ``since``, and how many of them failed."""
         r = m.RequestRecord

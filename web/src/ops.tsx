@@ -528,7 +528,17 @@ export function Deployments() {
   const setDesired = (d: Deployment, desired: "running" | "stopped") =>
     act.run(() => api(`/ops/deployments/${d.id}`, { method: "PATCH", body: { desired_state: desired } }));
   const remove = (d: Deployment) => {
-    act.confirmed(`Delete the deployment “${d.name}”? Its model stops being served.`, () => api(`/ops/deployments/${d.id}`, { method: "DELETE" }));
+    act.confirmed(`Delete the deployment “${d.name}”? Its model stops being served.`, async () => {
+      try {
+        return await api(`/ops/deployments/${d.id}`, { method: "DELETE" });
+      } catch (e) {
+        // it served requests lately: the server wants force, the operator types the name to give it
+        if (!(e instanceof ApiError) || e.status !== 409 || e.param !== "force") throw e;
+        const typed = window.prompt(`${e.message}\n\nType the deployment's name (${d.name}) to delete it anyway.`);
+        if (typed !== d.name) return false;
+        return api(`/ops/deployments/${d.id}?force=true`, { method: "DELETE" });
+      }
+    });
   };
   const num = (v: string) => Math.max(0, Number(v) || 0);
 

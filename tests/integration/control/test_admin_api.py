@@ -73,7 +73,11 @@ def test_tenant_delete_takes_its_keys(client: TestClient, db) -> None:
     assert issued["secret"].startswith("bt_live_")
     r = client.delete(f"/admin/v1/tenants/{t['id']}", headers={"If-Match": '"2"'})
     assert r.status_code == 412
-    assert client.delete(f"/admin/v1/tenants/{t['id']}").status_code == 204
+    # a live key: its clients may be calling, so the operator must say force
+    r = client.delete(f"/admin/v1/tenants/{t['id']}")
+    assert r.status_code == 409 and r.json()["param"] == "force" and "1 live API keys" in r.json()["detail"]
+    assert client.get(f"/admin/v1/tenants/{t['id']}").status_code == 200
+    assert client.delete(f"/admin/v1/tenants/{t['id']}", params={"force": "true"}).status_code == 204
     assert client.get(f"/admin/v1/tenants/{t['id']}").status_code == 404
     with db.system() as uow:
         assert uow.api_keys.get(uuid.UUID(issued["key"]["id"])) is None
@@ -161,6 +165,30 @@ def test_deployment_validation_generation_and_reconcile_trigger(client: TestClie
     assert client.patch(f"/admin/v1/deployments/{d['id']}", json={"mode": "aggregated"}).status_code == 409
     assert [a.action for a in _audit(db, d["id"], "deployment.update")] == ["deployment.update"]
     assert client.delete(f"/admin/v1/models/{model['id']}").status_code == 409
+
+
+def test_a_deployment_that_served_lately_is_deleted_only_with_force(client: TestClient, db) -> None:
+    import datetime as dt
+
+    from baton.core import models as m
+
+    model = make_model(client)
+    name = unique("busy")
+    d = client.post("/admin/v1/deployments", json={"name": name, "model_id": model["id"]}).json()
+    t = make_tenant(client)
+    with db.system() as uow:
+        uow.requests.insert_many([{
+            "id": uuid.uuid4(), "tenant_id": uuid.UUID(t["id"]), "model": model["name"], "deployment": name,
+            "endpoint": "chat/completions", "stream": False, "status": m.RequestStatus.COMPLETED, "http_status": 200,
+            "e2e_ms": 12.0, "started_at": dt.datetime.now(dt.UTC) - dt.timedelta(minutes=3),
+            "finished_at": dt.datetime.now(dt.UTC) - dt.timedelta(minutes=3)}])
+        uow.commit()
+    r = client.delete(f"/admin/v1/deployments/{d['id']}")
+    assert r.status_code == 409 and r.json()["param"] == "force" and "served 1 requests" in r.json()["detail"]
+    assert client.get(f"/admin/v1/deployments/{d['id']}").json()["desired_state"] == "running"
+    r = client.delete(f"/admin/v1/deployments/{d['id']}", params={"force": "true"})
+    assert r.status_code == 202 and r.json()["desired_state"] == "deleted"
+    assert client.delete(f"/admin/v1/deployments/{d['id']}").status_code == 202  # deleted already: idempotent
 
 
 def test_a_models_serving_settings_reach_its_deployments_spec(client: TestClient, db) -> None:
