@@ -5,7 +5,10 @@ One pass (:meth:`Reconciler.reconcile`):
 1. Take the reconcile lock (a Postgres advisory lock held for the pass): two passes never interleave.
 2. Read every deployment. Those with ``desired_state = running`` become one Serve application each
    (:func:`baton.control.spec.deployment_spec` -> :func:`baton.dataplane.render.render_serve_config`);
-   a row the data plane would refuse is marked ``failed`` with the reason and left out.
+   a row the data plane would refuse, or whose model's source fails its check (:mod:`baton.control.sources`),
+   never reaches Ray: if Serve already runs an earlier generation of it, that one keeps serving (its
+   applications are sent as they run, the row says why its new generation was refused); otherwise the
+   row is marked ``failed`` with the reason.
 3. Read Serve's status. If it already runs exactly these applications, nothing is sent (idempotent; an
    application someone ran with ``serve.run`` on the same cluster is not Baton's and a ``PUT`` keeps it);
    otherwise the whole config is ``PUT``, retried with exponential backoff. A rejected or failing apply
@@ -33,6 +36,7 @@ from typing import Any
 from baton.control.audit import jsonable
 from baton.control.ray_client import APP_STATUS_TO_OBSERVED, ServeClient, ServeStatus
 from baton.control.slo import EngineThroughput
+from baton.control.sources import source_problem
 from baton.control.spec import deployment_spec, throughput_from
 from baton.core import errors
 from baton.core import models as m
@@ -97,8 +101,10 @@ class Reconciler:
         throughput: Callable[[dict[str, Any]], EngineThroughput] | None = None,
         sleep: Callable[[float], None] = time.sleep,
         telemetry: dict[str, Any] | None = None,
+        check_sources: bool = False,
     ) -> None:
         self.db = db
+        self.check_sources = check_sources
         self.telemetry = telemetry  # DeploymentSpec.telemetry for every app: spans and per-request facts
         self.client = client
         self.http_port = http_port
@@ -115,6 +121,7 @@ class Reconciler:
             attempts=settings.control.apply_attempts,
             backoff_s=settings.control.apply_backoff_s,
             throughput=lambda engine: throughput_from(settings, engine),
+            check_sources=settings.control.check_model_sources,
             telemetry={
                 "otlp_endpoint": settings.telemetry.otlp_endpoint,
                 "link_bandwidth_gbps": settings.telemetry.link_bandwidth_gbps,
@@ -135,16 +142,16 @@ class Reconciler:
     def _pass(self) -> ReconcileResult:
         result = ReconcileResult()
         rows, entries, invalid = self._desired()
-        config = render_serve_config([], http_port=self.http_port)
-        config["applications"] = entries
-        result.apps = [e["name"] for e in entries]
-
         status = self._status()
         if status is None:
             self._unreachable(rows)
             result.apply_error = "The Ray dashboard is unreachable."
             result.states = {r.name: "unhealthy" for r in rows.values() if r.desired == "running"}
             return result
+        kept = _keep_last_good(rows, invalid, status, entries)
+        config = render_serve_config([], http_port=self.http_port)
+        config["applications"] = entries
+        result.apps = [e["name"] for e in entries]
 
         if not _runs_exactly(status, entries):
             error, rejected = self._apply(config, status)
@@ -155,7 +162,8 @@ class Reconciler:
             else:
                 result.apply_error = error
 
-        self._observe(rows, entries, invalid, status, result)
+        self._observe(rows, entries, {k: v for k, v in invalid.items() if k not in kept}, status, result,
+                      refused={k: invalid[k] for k in kept})
         return result
 
     def _desired(self) -> tuple[dict[uuid.UUID, _Row], list[dict[str, Any]], dict[uuid.UUID, str]]:
@@ -181,6 +189,10 @@ class Reconciler:
                                            telemetry=self.telemetry)
                 except errors.ValidationError as exc:
                     invalid[d.id] = exc.message
+                    continue
+                problem = source_problem(models[d.model_id]) if self.check_sources else None
+                if problem is not None:
+                    invalid[d.id] = problem
                     continue
                 entries.extend(render_serve_applications(spec))
         return rows, entries, invalid
@@ -244,7 +256,12 @@ class Reconciler:
         invalid: dict[uuid.UUID, str],
         status: ServeStatus,
         result: ReconcileResult,
+        *,
+        refused: dict[uuid.UUID, str] | None = None,
     ) -> None:
+        """Writes what Serve runs into the rows. ``refused``: rows whose new generation never reached Ray while
+        Serve keeps running an earlier one (their state is that one's, the reason says why)."""
+        refused = refused or {}
         by_name = {e["name"]: e for e in entries}
         state: str
         reason: str | None
@@ -271,15 +288,18 @@ class Reconciler:
                         state = max((APP_STATUS_TO_OBSERVED.get(a.status, "deploying") for a in running),
                                     key=_SEVERITY.index)
                         current = all(a.matches(by_name[n]) for n, a in zip(names, running, strict=True))
-                        gen = r.generation if current else r.observed_generation
+                        # a refused row's entries are what Serve ran before: its new generation does not run
+                        gen = r.generation if current and r.id not in refused else r.observed_generation
                         reason = "; ".join(a.message for a in running if a.message) or None
                         if result.apply_error and not current:
                             # Serve still runs the older spec (observed_generation says which).
                             reason = f"apply failed: {result.apply_error}"
                             if result.apply_rejected:
                                 state = "failed"
-                        elif not current and state == "running":
+                        elif not current and state == "running" and r.id not in refused:
                             state = "deploying"
+                        if r.id in refused:
+                            reason = f"not applied, what Serve runs keeps serving: {refused[r.id]}"
                     result.states[r.name] = state
                 elif present:  # stopped or deleted, but Serve still has it
                     state, reason, gen = "deploying", f"removing ({present[0].status.lower()})", r.observed_generation
@@ -314,6 +334,24 @@ class Reconciler:
             actor=ACTOR, action="deployment.removed", target_type="deployment", target_id=str(r.id),
             before={"name": r.name, "observed_state": r.observed}, after=None,
         )
+
+
+def _keep_last_good(rows: dict[uuid.UUID, _Row], invalid: dict[uuid.UUID, str], status: ServeStatus,
+                    entries: list[dict[str, Any]]) -> set[uuid.UUID]:
+    """For each invalid row that should run and whose applications Serve runs (from this reconciler's
+    config), adds those applications as they run to ``entries``: the earlier generation keeps serving. The
+    ids of those rows."""
+    kept: set[uuid.UUID] = set()
+    for row_id in invalid:
+        r = rows[row_id]
+        if r.desired != "running":
+            continue
+        running = [status.apps[n] for n in (r.name + PREFILL_APP_SUFFIX, r.name)
+                   if n in status.apps and status.apps[n].managed and status.apps[n].config]
+        if running and any(a.config.get("name") == r.name for a in running):
+            entries.extend(dict(a.config) for a in running)
+            kept.add(row_id)
+    return kept
 
 
 def _runs_exactly(status: ServeStatus, entries: list[dict[str, Any]]) -> bool:

@@ -222,6 +222,11 @@ class ControlSettings(BaseModel):
     decode_step_ms: float = Field(5.0, gt=0, description="One decode step of one replica at batch 1 (ms).")
     decode_ms_per_seq: float = Field(0.3, ge=0, description="Extra decode-step time per batched sequence (ms).")
     mean_prompt_tokens: int = Field(512, ge=1, description="Prompt length assumed when compiling SLOs.")
+    check_model_sources: bool = Field(
+        True, description="Before Ray sees a deployment, the reconciler checks its model's source on its own host "
+        "(the folder exists, config.json parses, the shape matches the catalogue). Turn off where the control "
+        "plane cannot see the model volume (the k8s manifests' worker does not mount it)."
+    )
 
 
 class TenancySettings(BaseModel):

@@ -265,3 +265,60 @@ def test_one_pass_at_a_time(db, reconciler) -> None:
         uow.session.execute(text("SELECT pg_advisory_xact_lock(:k)"), {"k": LOCK_KEY})
         assert reconciler.reconcile().locked is False
     assert reconciler.reconcile().locked is True
+
+
+def test_a_model_source_that_cannot_serve_never_reaches_ray_and_what_serves_keeps_serving(
+        db, serve, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    import json
+
+    good = tmp_path / "tiny"
+    good.mkdir()
+    (good / "config.json").write_text(json.dumps({"num_hidden_layers": 2, "num_attention_heads": 4,
+                                                  "num_key_value_heads": 2, "hidden_size": 128}))
+    with db.system() as uow:
+        model = uow.models.add(m.Model(name=unique("checked"), source=str(good), context_length=2048, num_layers=2,
+                                       num_kv_heads=2, head_dim=32, dtype="float32"))
+        uow.commit()
+        mid = model.id
+    rec = Reconciler(db, serve, attempts=1, backoff_s=0, sleep=lambda s: None, check_sources=True)
+    dep = _deployment(db, mid)
+    rec.reconcile()
+    serve.settle()
+    rec.reconcile()
+    assert _row(db, dep)["observed"] == "running"  # type: ignore[index]
+    name = _row(db, dep)["name"]  # type: ignore[index]
+    running = dict(serve.apps[name].config)
+    puts = len(serve.puts)
+
+    def source(path: str) -> None:
+        with db.system() as uow:
+            uow.models.require(mid).source = path
+            uow.commit()
+
+    # a live model pointed at a folder that is not there: nothing reaches Ray, the old app keeps serving
+    for bad, words in ((str(tmp_path / "typo"), "not a folder"), (str(tmp_path), "no readable config.json")):
+        source(bad)
+        rec.reconcile()
+        assert len(serve.puts) == puts and serve.apps[name].config == running
+        row = _row(db, dep)
+        assert row["observed"] == "running" and words in row["reason"], row  # type: ignore[index]
+    # a shape that is not the catalogue's
+    wrong = tmp_path / "wrong"
+    wrong.mkdir()
+    (wrong / "config.json").write_text(json.dumps({"num_hidden_layers": 4, "num_key_value_heads": 2,
+                                                   "head_dim": 32}))
+    source(str(wrong))
+    rec.reconcile()
+    assert len(serve.puts) == puts and "num_layers 4 (the catalogue says 2)" in _row(db, dep)["reason"]  # type: ignore[index]
+    # back to a good source: applied again, and the reason is gone
+    source(str(good))
+    rec.reconcile()
+    serve.settle()
+    rec.reconcile()
+    row = _row(db, dep)
+    assert row["observed"] == "running" and not row["reason"], row  # type: ignore[index]
+    # a deployment that never ran with a bad source is failed, not sent
+    other = _deployment(db, mid)
+    source(str(tmp_path / "gone"))
+    rec.reconcile()
+    assert _row(db, other)["observed"] == "failed" and _row(db, other)["name"] not in serve.apps  # type: ignore[index]
