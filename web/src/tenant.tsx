@@ -76,6 +76,8 @@ export function Overview({ session }: { session: SessionInfo }) {
               Your request for {pending[0].model ? <code>{pending[0].model}</code> : "a model"} is with the operators since{" "}
               {fmtTime(pending[0].requested_at)}.
             </p>
+          ) : session.user.role === "tenant_member" ? (
+            <p className="muted">An admin of your organisation can ask the operators for access.</p>
           ) : (
             <p>
               <button type="button" disabled={ask.busy} onClick={() => ask.run(() => api("/tenant/access-requests", { method: "POST", body: {} }))}>
@@ -91,7 +93,11 @@ export function Overview({ session }: { session: SessionInfo }) {
         <h2>Get started</h2>
         <ol>
           <li>
-            <Link to="/keys">Create an API key</Link> scoped to the models you need.
+            {session.user.role === "tenant_member" ? (
+              <>Ask an admin of your organisation for an API key (or try a model in the <Link to="/playground">playground</Link>).</>
+            ) : (
+              <><Link to="/keys">Create an API key</Link> scoped to the models you need.</>
+            )}
           </li>
           <li>
             Point any OpenAI client at <code>{window.location.origin}/v1</code> with that key:
