@@ -274,3 +274,41 @@ def test_operator_creates_a_deployment_and_sees_it_running(page, stack: Stack) -
     # Operators are not tenants: tenant pages say so.
     page.goto("/console/keys")
     expect(page.get_by_role("heading", name="Permission denied")).to_be_visible()
+
+
+def test_a_member_sees_the_keys_but_no_action_the_api_refuses_them(page, browser, stack: Stack) -> None:  # type: ignore[no-untyped-def]
+    slug, _ = sign_up(page, stack)
+    tenant_id = grant(stack.db, slug, stack.model_id)
+    page.goto("/console/keys")
+    page.get_by_label("Name", exact=True).fill("admins-key")
+    page.get_by_role("button", name="Create key").click()
+    expect(page.get_by_test_id("secret-value")).to_be_visible()
+    expect(page.get_by_role("row", name=re.compile("admins-key"))).to_be_visible()
+    # an operator adds a member; the member signs in
+    member = f"member-{uuid.uuid4().hex[:6]}@{slug}.example.com"
+    ops = operator_page(browser, stack)
+    made = ops.evaluate("""async ([tid, email, password]) => {
+        const s = await (await fetch('/console/api/session')).json();
+        const r = await fetch(`/console/api/ops/tenants/${tid}/users`, {method: 'POST', headers: {
+            'Content-Type': 'application/json', 'X-CSRF-Token': s.csrf_token},
+            body: JSON.stringify({email, password, role: 'tenant_member'})});
+        return r.status;
+    }""", [str(tenant_id), member, PASSWORD])
+    ops.context.close()
+    assert made == 201
+    ctx = browser.new_context(base_url=stack.url, viewport={"width": 390, "height": 844})  # a phone
+    m_page = ctx.new_page()
+    try:
+        m_page.goto("/console/")
+        expect(m_page.get_by_role("heading", name="Sign in to Baton")).to_be_visible()
+        m_page.get_by_label("Email").fill(member)
+        m_page.get_by_label("Password").fill(PASSWORD)
+        m_page.get_by_role("button", name="Sign in").click()
+        expect(m_page.get_by_role("heading", name=re.compile("Welcome"))).to_be_visible()
+        m_page.goto("/console/keys")
+        expect(m_page.get_by_role("row", name=re.compile("admins-key"))).to_be_visible()
+        expect(m_page.get_by_test_id("member-note")).to_contain_text("admins create, rotate and revoke keys")
+        expect(m_page.get_by_role("button", name=re.compile("Create key|Revoke|Rotate"))).to_have_count(0)
+        shot(m_page, "09-member-keys")
+    finally:
+        ctx.close()
