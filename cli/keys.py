@@ -22,9 +22,14 @@ TENANT = typer.Option("--tenant", "-t", help="Tenant name or id.")
 def _service() -> tuple[KeyService, object]:
     from baton.control.keys import KeyService, RedisKeyEvents
     from baton.core.db import Database
-    from baton.core.settings import load_settings
+    from baton.core.settings import load_settings, stack_env_file
 
     settings = load_settings()
+    if settings.security.key_secret.get_secret_value().startswith("dev-insecure") and stack_env_file() is None:
+        # keys signed with the development secret are refused by a gateway that has its own
+        typer.echo("No stack settings found (var/baton.env here or above, or $BATON_STATE_DIR/baton.env) and no "
+                   "BATON_SECURITY__KEY_SECRET: run inside the checkout that ran `baton up`, or set them.", err=True)
+        raise typer.Exit(2)
     db = Database.for_services(settings)
     return KeyService(db, settings, events=RedisKeyEvents.from_settings(settings)), db
 

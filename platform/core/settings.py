@@ -6,7 +6,9 @@ Nested fields use ``__``: ``BATON_DB__URL``, ``BATON_REDIS__URL``, ``BATON_GATEW
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
+from typing import Any
 
 from pydantic import BaseModel, Field, SecretStr
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -250,7 +252,7 @@ class Settings(BaseSettings):
     """The whole tree. Build it with :func:`load_settings` at start-up."""
 
     model_config = SettingsConfigDict(
-        env_prefix="BATON_", env_nested_delimiter="__", env_file=("var/baton.env",), extra="ignore"
+        env_prefix="BATON_", env_nested_delimiter="__", env_file=None, extra="ignore"
     )
 
     env: str = Field("dev", description="dev | test | prod. prod refuses the dev secrets.")
@@ -279,7 +281,30 @@ class Settings(BaseSettings):
                 raise ConfigurationError(f"{name} must be set in production")
 
 
+def stack_env_file(cwd: Path | None = None) -> Path | None:
+    """The settings file ``baton up`` writes: ``$BATON_STATE_DIR/baton.env``, else ``var/baton.env`` in the
+    current folder or the nearest folder above it (as git finds ``.git``), so the CLI works from anywhere
+    inside the checkout. None when there is none."""
+    state = os.environ.get("BATON_STATE_DIR")
+    if state:
+        path = Path(state) / "baton.env"
+        return path if path.is_file() else None
+    here = (cwd or Path.cwd()).resolve()
+    for folder in (here, *here.parents):
+        path = folder / "var" / "baton.env"
+        if path.is_file():
+            return path
+    return None
+
+
 def load_settings(**overrides: object) -> Settings:
-    settings = Settings.model_validate(overrides)
+    """Settings from ``BATON_*`` variables, the stack's settings file (:func:`stack_env_file`) and
+    ``overrides``. Found above the current folder, the file's folder is the state folder too."""
+    found = stack_env_file()
+    if (found is not None and found.parent != Path("var").resolve() and "state_dir" not in overrides
+            and not os.environ.get("BATON_STATE_DIR")):
+        overrides = {"state_dir": found.parent, **overrides}
+    values: dict[str, Any] = dict(overrides)
+    settings = Settings(_env_file=found, **values)
     settings.check_production()
     return settings

@@ -23,3 +23,22 @@ def test_production_refuses_development_secrets(monkeypatch: pytest.MonkeyPatch,
     monkeypatch.setenv("BATON_SECURITY__KEY_SECRET", "x" * 40)
     monkeypatch.setenv("BATON_SECURITY__SESSION_SECRET", "y" * 40)
     assert load_settings().env == "prod"
+
+
+def test_the_cli_finds_the_stacks_settings_from_any_folder_inside_the_checkout(tmp_path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    from baton.core.settings import load_settings, stack_env_file
+
+    monkeypatch.delenv("BATON_STATE_DIR", raising=False)
+    monkeypatch.delenv("BATON_SECURITY__KEY_SECRET", raising=False)
+    (tmp_path / "var").mkdir()
+    (tmp_path / "var" / "baton.env").write_text("BATON_SECURITY__KEY_SECRET=from-the-stack\n")
+    deep = tmp_path / "docs" / "notes"
+    deep.mkdir(parents=True)
+    monkeypatch.chdir(deep)
+    assert stack_env_file() == tmp_path / "var" / "baton.env"
+    s = load_settings()
+    assert s.security.key_secret.get_secret_value() == "from-the-stack" and s.state_dir == tmp_path / "var"
+    elsewhere = tmp_path / "other"
+    (elsewhere / "state").mkdir(parents=True)
+    monkeypatch.setenv("BATON_STATE_DIR", str(elsewhere / "state"))
+    assert stack_env_file() is None  # $BATON_STATE_DIR names the stack: no search
