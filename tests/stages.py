@@ -2,8 +2,9 @@
 root conftest).
 
 Order: the quick tests (unit and integration) first, while the session's stack comes up in the
-background (:mod:`tests.shared_stack`); then the browser tests, the e2e tests, the chaos drills, and
-last the tests marked ``last`` (they stop the shared stack). Within a stage, the collection order.
+background (:mod:`tests.shared_stack`); then the browser tests, the e2e tests, the ``solo`` tests
+(benchmarks that load the cores themselves), the chaos drills, and last the tests marked ``last`` (they
+stop the shared stack). Within a stage, the collection order.
 
 At the end the run prints the wall time of each stage, with the stages ``scripts/test`` timed before
 pytest started (setup, lint, types: ``BATON_TEST_STAGES``, a file of ``name seconds`` lines, and
@@ -16,9 +17,10 @@ it stops) and the run's provenance; ``scripts/test-durations`` renders it as the
 
 The lane: tests marked ``own_stack`` run on a Ray head or engines of their own, never on the session's
 shared stack. When ``scripts/test`` runs the whole suite (``BATON_TEST_LANES=1``), they leave this session
-and run in a second pytest process (the lane, ``BATON_TEST_LANE=1``), started when the first browser or
-e2e test starts and waited for before the chaos drills (which kill and time things and run alone). The
-lane's output goes to ``var/test-lane.log``; its failures fail the run, and its modules join the table.
+and run in a second pytest process (the lane, ``BATON_TEST_LANE=1``), started when the first e2e test
+starts (the browser tests, with their short UI timeouts, run before it) and waited for before the solo
+tests and the chaos drills (which load the cores, kill and time things, and run alone). The lane's output
+goes to ``var/test-lane.log``; its failures fail the run, and its modules join the table.
 """
 
 from __future__ import annotations
@@ -34,7 +36,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-ORDER = ("quick", "browser", "e2e", "chaos", "last")
+ORDER = ("quick", "browser", "e2e", "solo", "chaos", "last")
 IN_LANE = os.environ.get("BATON_TEST_LANE") == "1"
 LANE_LOG = ROOT / "var" / "test-lane.log"
 LANE_JSON = ROOT / "var" / "test-lane-stages.json"
@@ -43,7 +45,7 @@ _load_at_start = os.getloadavg()[0]  # the machine's load as pytest started (pro
 
 
 def stage_of(item: pytest.Item) -> str:
-    for name in ("last", "chaos", "e2e", "browser"):
+    for name in ("last", "chaos", "solo", "e2e", "browser"):
         if item.get_closest_marker(name) is not None:
             return name
     return "quick"
@@ -52,7 +54,9 @@ def stage_of(item: pytest.Item) -> str:
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "last: runs after every other test (it stops the session's shared stack)")
     config.addinivalue_line("markers", "own_stack: runs on a Ray head or engines of its own (the lane, beside "
-                                       "the browser and e2e stages, when scripts/test runs the whole suite)")
+                                       "the e2e stage, when scripts/test runs the whole suite)")
+    config.addinivalue_line("markers", "solo: loads the machine's cores itself (a benchmark under load): runs after "
+                                       "the e2e stage and the lane, with nothing beside it")
 
 
 class _Lane:
@@ -134,9 +138,9 @@ def pytest_sessionstart(session: pytest.Session) -> None:
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None):  # type: ignore[no-untyped-def]
     stage = stage_of(item)
-    if stage in ("browser", "e2e"):
+    if stage == "e2e":
         _lane.start()
-    elif stage in ("chaos", "last"):
+    elif stage in ("solo", "chaos", "last"):
         _lane.wait()
     start = time.time()
     yield

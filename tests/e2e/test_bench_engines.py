@@ -12,7 +12,7 @@ import pytest
 
 from tests.bench_cli import run_bench
 
-pytestmark = [pytest.mark.e2e, pytest.mark.own_stack]  # own Ray head or engines: the lane (tests/stages.py)
+pytestmark = [pytest.mark.e2e, pytest.mark.solo]  # loads both cores (engines under load): runs alone (tests/stages.py)
 
 def _bench(tmp_path: Path, *args: str) -> dict[str, Any]:
     result = run_bench(tmp_path, *args, timeout_s=900)
