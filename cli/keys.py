@@ -91,16 +91,30 @@ def create(
 def list_keys(
     tenant: Annotated[str, TENANT],
     all_: Annotated[bool, typer.Option("--all", help="Include revoked keys.")] = False,
+    as_json: Annotated[bool, typer.Option("--json", help="One JSON object per key, a line each (for scripts).")]
+    = False,
 ) -> None:
-    """List a tenant's keys (never their secrets)."""
+    """List a tenant's keys (never their secrets). Ids are printed whole, whatever the terminal's width."""
+    import json
+
     from rich.console import Console
     from rich.table import Table
 
     service, db = _service()
+    views = service.list(tenant_id=_tenant_id(db, tenant), include_revoked=all_)
+    if as_json:
+        for view in views:
+            typer.echo(json.dumps({"id": str(view.id), "name": view.name, "prefix": view.prefix,
+                                   "state": view.state(), "model_scope": list(view.model_scope),
+                                   "expires_at": view.expires_at.isoformat() if view.expires_at else None,
+                                   "created_at": view.created_at.isoformat()}))
+        return
     table = Table("id", "name", "prefix", "state", "models", "expires", "created")
-    for view in service.list(tenant_id=_tenant_id(db, tenant), include_revoked=all_):
+    table.columns[0].no_wrap = True
+    table.columns[0].min_width = 36  # a whole UUID: revoke and rotate take it
+    for view in views:
         table.add_row(*_row(view))
-    Console().print(table)
+    Console(width=max(Console().width, 160)).print(table)
 
 
 @app.command("revoke")
