@@ -565,7 +565,9 @@ class Tenancy:
             return self._access(uow, uow.tenants.require(tenant_id))
 
     def _access(self, uow: UnitOfWork, t: m.Tenant) -> Access:
-        names = tuple(mod.name for mod in uow.models.for_tenant(t.id))
+        # chat models first: the console's first example calls the first one with chat.completions
+        names = tuple(mod.name for mod in sorted(uow.models.for_tenant(t.id),
+                                                 key=lambda mod: ((mod.kind or "generate") == "embed", mod.name)))
         rows = uow.access_requests.scalars(uow.access_requests.query(tenant_id=t.id,
                                                                      state=m.AccessRequestState.PENDING))
         model_names = uow.models.names() if any(r.model_id for r in rows) else {}

@@ -271,3 +271,14 @@ def test_a_new_tenants_overview_answers_from_the_first_minute(sign_up: SignUp) -
     assert body["tenant"]["id"] == str(s.tenant_id)
     assert body["models"] == 0 and body["live_keys"] == 0
     assert s.get(f"{API}/tenant/overview").status_code == 200  # and again, on a second load
+
+
+def test_the_overview_names_a_chat_model_first_for_its_chat_example(sign_up: SignUp, db: Database) -> None:
+    s = sign_up()
+    embed, chat = add_model(db, f"a-embed-{uuid.uuid4().hex[:6]}"), add_model(db, f"z-chat-{uuid.uuid4().hex[:6]}")
+    with db.system() as uow:
+        uow.models.require(embed.id).kind = "embed"
+        uow.commit()
+    for mod in (embed, chat):
+        grant(db, s.tenant_id, mod.id)  # type: ignore[arg-type]
+    assert s.get(f"{API}/tenant/overview").json()["models_granted"] == [chat.name, embed.name]
