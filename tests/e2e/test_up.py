@@ -43,6 +43,7 @@ def test_up_serves_the_tiny_model_in_pd_mode(baton_stack: BatonStack) -> None:
     resp = _chat(stack)
     assert resp.status_code == 200, resp.text
     assert resp.json()["usage"]["completion_tokens"] == 8
+    assert resp.json()["system_fingerprint"].startswith("fp_")  # Baton's (dataplane.render), not vLLM's version
     with httpx.stream("POST", f"{stack.gateway_url}/v1/completions", timeout=120,
                       headers={"authorization": f"Bearer {stack.api_key}"},
                       json={"model": stack.model, "prompt": "once upon a time", "max_tokens": 8,
