@@ -36,8 +36,9 @@ second, off the request path (:data:`baton.core.contracts.FLOW_VIEW_PREFIX`), fo
 all gateway processes, and reads the other processes' views back. Each queue then counts a tenant's
 service in the other processes into its counter (:meth:`ModelFlow.merge_remote`), a tenant that sent to
 the model through another process makes the model contended here too, and a band waits while a higher
-band waits in another process. Each process keeps its own limit, so two tenants each pinned to its own
-gateway share by those gateways' limits, not by their weights (``docs/flow-control.md``, "Not yet").
+band waits in another process. Each process learns its own limit; while tenants of one band are
+backlogged in several processes, each takes its weighted part of all the processes' limits together
+(:meth:`ModelFlow.limit_now`), so two tenants each pinned to its own gateway share by weight too.
 What the other processes served is at most about two seconds old;
 without Redis each process is fair on its own (the capacity's limits converge without any exchange,
 see :mod:`baton.api.gateway.capacity`). The queue is pure asyncio, no I/O; the fast path (nothing
@@ -194,6 +195,8 @@ class ModelFlow:
         self._remote_served: dict[uuid.UUID, float] = {}
         self._remote_seen: dict[uuid.UUID, float] = {}
         self._remote_top: int | None = None  # the highest band with requests waiting in another process
+        self._remote_limits = 0  # the other processes' learned limits for the model, summed
+        self._remote_backlog: dict[int, float] = {}  # band -> weights of the tenants waiting there, summed
         # Jain's index over the tenants backlogged since the last reading: their weighted service then
         self._window_service: dict[uuid.UUID, float] = {}
         self._window_backlog: dict[uuid.UUID, int] = {}  # tenant -> band
@@ -206,7 +209,7 @@ class ModelFlow:
         self._seen[ticket.tenant] = self.clock()
         ticket.new_flow = ticket.tenant not in self._running and not any(
             ticket.tenant in b.queues for b in self._bands.values())
-        limit = self.capacity()
+        limit = self.limit_now(ticket.cls.priority, arriving=ticket)
         if limit is None or (self.waiting == 0 and self.in_flight < limit and not self._held(ticket.cls.priority)):
             self._start(ticket, waited_s=0.0)
             return
@@ -279,7 +282,33 @@ class ModelFlow:
         self._remote_served = remote.served
         self._remote_seen = {t: now - ago for t, ago in remote.seen_s_ago.items()}
         self._remote_top = max((band for band, n in remote.waiting.items() if n > 0), default=None)
-        self._dispatch()  # a higher band elsewhere may have drained
+        self._remote_limits = sum(remote.limits)
+        self._remote_backlog = dict(remote.backlog)
+        self._dispatch()  # a higher band elsewhere may have drained, or this process's share grown
+
+    def limit_now(self, band: int | None = None, *, arriving: Ticket | None = None) -> int | None:
+        """The requests this process may have upstream now: its learned limit, or, while tenants of ``band``
+        (default: the highest band waiting here) are backlogged both here and in other processes, its
+        weighted part of every process's limits together: ``sum of limits x W_here / (W_here + W_there)``,
+        W the weights of the tenants waiting in the band (here: with an ``arriving`` request's tenant).
+        Two tenants each pinned to its own gateway then share the model by weight as they would in one
+        process, and the engines see the same total. While no other process has a backlog in the band (or
+        there is no view of the others), the learned limit alone."""
+        own = self.capacity()
+        if own is None or not self._remote_limits:
+            return own
+        if band is None:
+            band = max((b.priority for b in self._bands.values() if b.queues), default=None)
+            if band is None:
+                return own
+        there = self._remote_backlog.get(band, 0.0)
+        queues = self._bands[band].queues if band in self._bands else {}
+        here = sum(q[0].cls.weight for q in queues.values() if q)
+        if arriving is not None and arriving.tenant not in queues:
+            here += arriving.cls.weight
+        if there <= 0 or here <= 0:
+            return own
+        return max(1, round((own + self._remote_limits) * here / (here + there)))
 
     def first_token(self, ttft_s: float) -> None:
         """The upstream's measured time to first token of a request (for the predicted TTFT)."""
@@ -343,8 +372,12 @@ class ModelFlow:
             of(tenant)["seen_s_ago"] = round(now - at, 3)
         for (tenant, reason), n in self.shed.items():
             of(tenant)["rejected"][reason] = n
-        return {"model": self.model, "limit": self.capacity(), "running": self.in_flight, "waiting": self.waiting,
+        backlog = {str(b.priority): sum(q[0].cls.weight for q in b.queues.values() if q)
+                   for b in self._bands.values() if b.queues}
+        return {"model": self.model, "limit": self.capacity(), "limit_now": self.limit_now(),
+                "running": self.in_flight, "waiting": self.waiting,
                 "bands": {str(b.priority): b.waiting() for b in self._bands.values()},
+                "backlog_weight": backlog,
                 "dispatch_per_s": self._dispatch_rate.value, "upstream_ttft_s": self.ttft_s,
                 "tenants": sorted(tenants.values(), key=lambda r: r["tenant_id"])}
 
@@ -428,7 +461,7 @@ class ModelFlow:
             band = max((b for b in self._bands.values() if b.queues), key=lambda b: b.priority)
             if self._held(band.priority):
                 return
-            limit = self.capacity()
+            limit = self.limit_now(band.priority)
             sparse = limit is not None and self.in_flight >= limit
             if not sparse:
                 tenant = min(band.queues, key=self.counter)
@@ -586,6 +619,8 @@ class RemoteFigures:
     served: dict[uuid.UUID, float] = field(default_factory=dict)  #: tenant -> weighted service, summed
     seen_s_ago: dict[uuid.UUID, float] = field(default_factory=dict)  #: tenant -> its latest request, seconds ago
     waiting: dict[int, int] = field(default_factory=dict)  #: band -> requests waiting, summed
+    limits: list[int] = field(default_factory=list)  #: each process's learned limit (those that have one)
+    backlog: dict[int, float] = field(default_factory=dict)  #: band -> weights of the tenants waiting, summed
 
 
 def remote_figures(views: Iterable[dict[str, Any]]) -> dict[str, RemoteFigures]:
@@ -602,6 +637,14 @@ def remote_figures(views: Iterable[dict[str, Any]]) -> dict[str, RemoteFigures]:
         for band, n in (bands.items() if isinstance(bands, dict) else ()):
             with contextlib.suppress(TypeError, ValueError):
                 fig.waiting[int(band)] = fig.waiting.get(int(band), 0) + int(n)
+        limit = view.get("limit")
+        if isinstance(limit, int) and not isinstance(limit, bool) and limit > 0:
+            fig.limits.append(limit)
+        backlog = view.get("backlog_weight")
+        for band, w in (backlog.items() if isinstance(backlog, dict) else ()):
+            with contextlib.suppress(TypeError, ValueError):
+                if float(w) > 0:
+                    fig.backlog[int(band)] = fig.backlog.get(int(band), 0.0) + float(w)
         for row in rows:
             try:
                 tenant = uuid.UUID(str(row["tenant_id"]))

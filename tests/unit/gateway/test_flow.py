@@ -418,3 +418,40 @@ async def test_backlogged_tenants_share_by_weight_with_the_sparse_burst_on() -> 
     assert starts[A] / starts[B] == pytest.approx(2.0, rel=0.15)
     for t in tasks:
         t.cancel()
+
+
+def test_other_processes_limits_and_backlogged_weights_add_up() -> None:
+    views = [{"model": "m", "limit": 4, "backlog_weight": {"50": 1.0}, "tenants": []},
+             {"model": "m", "limit": None, "backlog_weight": {"50": 2, "90": "x"}, "tenants": []},
+             {"model": "m", "limit": True, "backlog_weight": {"50": 0}, "tenants": []}]
+    fig = remote_figures(views)["m"]
+    assert fig.limits == [4] and fig.backlog == {50: 3.0}
+
+
+async def test_tenants_pinned_to_different_processes_share_every_processs_limits_by_weight() -> None:
+    """A (weight 2) waits here, a weight-1 tenant waits in another process, each process learned a limit of 4:
+    this process may hold 8 x 2/3 = 5 upstream; the other's view takes 8 x 1/3. Once the other process has
+    nothing waiting in the band, this process's own limit again."""
+    f = ModelFlow("m", Room(4), FlowSettings(sparse_burst=0.0))
+    f.merge_remote(RemoteFigures(limits=[4], backlog={50: 1.0}, waiting={50: 6}))
+    tickets = [Ticket(A, FlowClass(weight=2.0), 10) for _ in range(12)]
+    tasks = [asyncio.create_task(f.enter(t)) for t in tickets]
+    await settle()
+    assert f.limit_now() == 5 and f.in_flight == 5 and f.waiting == 7
+    assert f.snapshot()["backlog_weight"] == {"50": 2.0} and f.snapshot()["limit"] == 4
+    f.merge_remote(RemoteFigures(limits=[4], backlog={}, waiting={}))
+    assert f.limit_now() == 4
+    for t in [t for t in tickets if t.state == "running"]:
+        f.leave(t, 1)
+    await settle()
+    assert f.in_flight == 4  # the next ones go by the own limit now
+    # the weight-1 side: the other process's 2 against this one's 1 leaves it 8 x 1/3 = 3
+    g = ModelFlow("m", Room(4), FlowSettings(sparse_burst=0.0))
+    g.merge_remote(RemoteFigures(limits=[4], backlog={50: 2.0}, waiting={50: 6}))
+    light = [Ticket(B, FlowClass(weight=1.0), 10) for _ in range(6)]
+    more = [asyncio.create_task(g.enter(t)) for t in light]
+    await settle()
+    assert g.in_flight == 3
+    for t in tasks + more:
+        t.cancel()
+    await settle()
