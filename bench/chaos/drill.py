@@ -446,8 +446,14 @@ class Injector:
         if pool == "prefill" and self.long_prompt is not None:
             choice = await self._victim_in_long_prefill(replicas)
         else:
+            # a decode victim is killed while a client's stream is early in its answer, so that the engine
+            # is surely still decoding it (its gauges lag a scrape behind, and a short answer can have been
+            # generated in full while the last chunks are still on their way to a slow client)
+            early = max(1, self.cfg.max_tokens // 3)
+            accept = (lambda: any(0 < fl.chunks <= early for fl in self.drv.in_flight.values())) \
+                if pool == "decode" else None
             choice = await wait_for_busy_victim(pool, replicas, self.metrics, self.rng,
-                                                timeout_s=self.cfg.victim_wait_s)
+                                                timeout_s=self.cfg.victim_wait_s, accept=accept)
         if choice is None:
             f = self._new(kind, pool)
             f.evidence = f"no {pool} replica found"
@@ -534,26 +540,40 @@ class Injector:
             await asyncio.sleep(1)
         f.recovered = False
 
-    async def _drop(self, wait_s: float = 120.0) -> FaultRecord:
+    async def _drop(self, wait_s: float = 120.0, tries: int = 5) -> FaultRecord:
         """Marks a stream that is in its first half to be closed by the client after its next chunk; waits
-        for such a stream (after a replica fault every stream may be waiting for its first token)."""
+        for such a stream (after a replica fault every stream may be waiting for its first token). On a busy
+        machine the rest of a short answer can reach the client in the same read as the chunk it stops at:
+        such a drop came after the answer (the gateway saw no cancel), and another stream is tried, up to
+        ``tries`` in all. Whether the last one cut its stream is judged at the end, from its record."""
         deadline = time.monotonic() + wait_s
-        while True:
-            cands = [fl for fl in self.drv.in_flight.values()
-                     if fl.chunks > 0 and fl.rec.cancel_after is None and fl.chunks <= self.cfg.max_tokens // 2]
-            if cands or time.monotonic() > deadline:
-                break
-            await asyncio.sleep(0.05)
         f = self._new("drop")
-        if not cands:
+        late: list[int] = []
+        for _ in range(tries):
+            cands: list[Any] = []
+            while True:
+                cands = [fl for fl in self.drv.in_flight.values()
+                         if fl.chunks > 0 and fl.rec.cancel_after is None and fl.chunks <= self.cfg.max_tokens // 2]
+                if cands or time.monotonic() > deadline:
+                    break
+                await asyncio.sleep(0.05)
+            if not cands:
+                break
+            fl = self.rng.choice(cands)
+            fl.rec.cancel_after = fl.chunks + 1
+            f.target = f"request seq {fl.rec.seq}"
+            f.pids = [fl.rec.seq]
+            f.evidence = "pending (checked at the end)" + (f"; earlier tries answered in full first: seq {late}"
+                                                           if late else "")
+            f.fired = True  # confirmed or refuted at the end from the request's ending
+            while fl.rec.seq in self.drv.in_flight and time.monotonic() < deadline:  # noqa: ASYNC110 (no event per flight)
+                await asyncio.sleep(0.05)
+            got = read_stream(fl.rec.events)
+            if not (got.done and got.finish_reasons):  # the ledger's rule for a drop that cut its stream
+                return f
+            late.append(fl.rec.seq)
+        if not f.fired:
             f.evidence = f"no stream in its first half for {wait_s:g} s"
-            return f
-        fl = self.rng.choice(cands)
-        fl.rec.cancel_after = fl.chunks + 1
-        f.target = f"request seq {fl.rec.seq}"
-        f.pids = [fl.rec.seq]
-        f.evidence = "pending (checked at the end)"
-        f.fired = True  # confirmed or refuted at the end from the request's ending
         return f
 
     async def _tier_down(self) -> FaultRecord:

@@ -196,10 +196,31 @@ def test_the_injector_kills_the_replica_its_metrics_show_busy(monkeypatch):
     metrics = FakeMetrics({"r-idle": EngineLoad(0, 0), "r-busy": EngineLoad(0, 0)},
                           {"r-idle": EngineLoad(0, 0), "r-busy": EngineLoad(2, 0)})
     inj, drv, killed = _injector(monkeypatch, [idle, busy], metrics)
+    drv.in_flight[1] = drill.InFlight(RequestRecord(seq=1, prompt=0, expected_tokens=48), chunks=3)
     f = asyncio.run(_fire(inj, drv, "kill_decode", "decode"))
     assert killed == [200] and f.fired and f.target.endswith("pid 200")
     assert f.victim_busy is True and f.victim_load == {"running": 2, "waiting": 0}
     assert "running requests on victim: 2 from metrics" in f.evidence
+
+
+def test_a_decode_kill_waits_for_a_stream_early_in_its_answer(monkeypatch):
+    """The engine's gauges say busy, but the only stream at the client is near its end (the engine may have
+    generated all of it): no kill on that evidence; once a stream is early in its answer, the kill."""
+    busy = Replica("decode", "Decode:m", 200, children=(201,), replica_id="r-busy")
+    metrics = FakeMetrics(*[{"r-busy": EngineLoad(2, 0)}] * 50)
+    inj, drv, killed = _injector(monkeypatch, [busy], metrics, wait_s=5.0)
+    late = drill.InFlight(RequestRecord(seq=1, prompt=0, expected_tokens=48), chunks=40)
+    drv.in_flight[1] = late
+
+    async def go() -> FaultRecord:
+        task = asyncio.create_task(_fire(inj, drv, "kill_decode", "decode"))
+        await asyncio.sleep(0.6)
+        assert killed == []
+        drv.in_flight[2] = drill.InFlight(RequestRecord(seq=2, prompt=1, expected_tokens=48), chunks=2)
+        return await task
+
+    f = asyncio.run(go())
+    assert killed == [200] and f.victim_busy is True
 
 
 def test_the_injector_records_an_unverified_victim(monkeypatch):
