@@ -7,16 +7,27 @@ fields in number order, proto3 defaults left out) straight from the finished spa
 with the official message classes and compares with the official encoder's result.
 :class:`OtlpHttpExporter` posts them (``application/x-protobuf``) from the batch processor's thread,
 retrying a failed post once within its timeout; a collector that is down only loses spans.
+
+The OpenTelemetry exporter settings a hosted tracing backend needs are honoured as the specification
+names them (:func:`exporter_options`): ``OTEL_EXPORTER_OTLP_[TRACES_]ENDPOINT`` where Baton's own
+``telemetry.otlp_endpoint`` is not set, ``..._HEADERS`` (``key=value,...``, values URL-encoded; never
+logged), ``..._COMPRESSION`` (``gzip``) and ``..._CERTIFICATE`` (a CA bundle for https). The protocol is
+OTLP/HTTP with protobuf; ``..._PROTOCOL=grpc`` is refused with a clear message at start-up.
 """
 
 from __future__ import annotations
 
+import gzip
 import logging
+import os
+import ssl
 import struct
 import time
 import urllib.error
+import urllib.parse
 import urllib.request
 from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 from opentelemetry.sdk.trace import ReadableSpan
@@ -149,28 +160,99 @@ def encode_spans(spans: Iterable[ReadableSpan]) -> bytes:
     return b"".join(out)
 
 
-class OtlpHttpExporter(SpanExporter):
-    """Posts :func:`encode_spans` batches to ``endpoint`` (``.../v1/traces``)."""
+@dataclass(frozen=True)
+class ExporterOptions:
+    """Where and how spans are posted (:func:`exporter_options`)."""
 
-    def __init__(self, endpoint: str, *, timeout_s: float = 2.0) -> None:
+    endpoint: str | None
+    headers: dict[str, str] = field(default_factory=dict, repr=False)  #: may hold credentials
+    compression: str | None = None  #: None or "gzip"
+    certificate: str | None = None  #: a CA bundle for an https endpoint
+
+
+def _env(environ: Mapping[str, str], name: str) -> str | None:
+    """``OTEL_EXPORTER_OTLP_TRACES_<name>``, else ``OTEL_EXPORTER_OTLP_<name>`` (the signal's own first)."""
+    for key in (f"OTEL_EXPORTER_OTLP_TRACES_{name}", f"OTEL_EXPORTER_OTLP_{name}"):
+        value = environ.get(key, "").strip()
+        if value:
+            return value
+    return None
+
+
+def parse_headers(raw: str) -> dict[str, str]:
+    """The specification's ``key1=value1,key2=value2`` (values URL-encoded); malformed pairs are skipped."""
+    out: dict[str, str] = {}
+    for pair in raw.split(","):
+        key, sep, value = pair.partition("=")
+        if sep and key.strip():
+            out[urllib.parse.unquote(key.strip()).lower()] = urllib.parse.unquote(value.strip())
+    return out
+
+
+def exporter_options(configured: str | None, environ: Mapping[str, str] | None = None) -> ExporterOptions:
+    """The exporter's options from Baton's ``telemetry.otlp_endpoint`` (a base URL; ``/v1/traces`` is added)
+    and the standard ``OTEL_EXPORTER_OTLP_*`` variables: without Baton's setting, the traces endpoint
+    variable as it is, or the generic one with ``/v1/traces``. Raises ``ValueError`` for what Baton's
+    exporter cannot do (gRPC, a compression other than gzip)."""
+    env = os.environ if environ is None else environ
+    protocol = _env(env, "PROTOCOL")
+    if protocol is not None and protocol != "http/protobuf":
+        raise ValueError(f"OTEL_EXPORTER_OTLP_PROTOCOL={protocol!r}: Baton exports traces over OTLP/HTTP with "
+                         "protobuf ('http/protobuf'); point it at the collector's HTTP port (4318)")
+    compression = _env(env, "COMPRESSION")
+    if compression is not None and compression not in ("gzip", "none"):
+        raise ValueError(f"OTEL_EXPORTER_OTLP_COMPRESSION={compression!r}: 'gzip' or 'none'")
+    if configured:
+        endpoint: str | None = configured.rstrip("/") + "/v1/traces"
+    elif (traces := env.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "").strip()):
+        endpoint = traces
+    elif (base := env.get("OTEL_EXPORTER_OTLP_ENDPOINT", "").strip()):
+        endpoint = base.rstrip("/") + "/v1/traces"
+    else:
+        endpoint = None
+    raw = _env(env, "HEADERS")
+    return ExporterOptions(endpoint=endpoint, headers=parse_headers(raw) if raw else {},
+                           compression="gzip" if compression == "gzip" else None,
+                           certificate=_env(env, "CERTIFICATE"))
+
+
+class OtlpHttpExporter(SpanExporter):
+    """Posts :func:`encode_spans` batches to ``endpoint`` (``.../v1/traces``), with ``headers`` and gzip
+    when asked (:class:`ExporterOptions`)."""
+
+    def __init__(self, endpoint: str, *, timeout_s: float = 2.0, headers: Mapping[str, str] | None = None,
+                 compression: str | None = None, certificate: str | None = None) -> None:
         self.endpoint = endpoint
         self.timeout_s = timeout_s
+        self._headers = {**(headers or {}), "content-type": "application/x-protobuf"}
+        if compression == "gzip":
+            self._headers["content-encoding"] = "gzip"
+        self._gzip = compression == "gzip"
+        self._ssl = ssl.create_default_context(cafile=certificate) if certificate else None
         self._shutdown = False
         self._warned = 0.0  # when a lost batch was last logged (at most one line a minute)
+
+    @classmethod
+    def of(cls, options: ExporterOptions, *, timeout_s: float = 2.0) -> OtlpHttpExporter:
+        assert options.endpoint is not None
+        return cls(options.endpoint, timeout_s=timeout_s, headers=options.headers,
+                   compression=options.compression, certificate=options.certificate)
 
     def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
         if self._shutdown:
             return SpanExportResult.FAILURE
         data = encode_spans(spans)
+        if self._gzip:
+            data = gzip.compress(data, compresslevel=6)
         deadline = time.monotonic() + self.timeout_s
         for attempt in (1, 2):
             left = deadline - time.monotonic()
             if left <= 0:
                 break
             request = urllib.request.Request(self.endpoint, data=data, method="POST",  # noqa: S310 - http(s) only
-                                             headers={"content-type": "application/x-protobuf"})
+                                             headers=self._headers)
             try:
-                with urllib.request.urlopen(request, timeout=left) as response:  # noqa: S310
+                with urllib.request.urlopen(request, timeout=left, context=self._ssl) as response:  # noqa: S310
                     if 200 <= response.status < 300:
                         return SpanExportResult.SUCCESS
             except urllib.error.HTTPError as exc:

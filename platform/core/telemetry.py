@@ -13,6 +13,7 @@ request that brings a ``traceparent`` follows its caller's sampling decision.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Mapping, MutableMapping
 from dataclasses import dataclass
 
@@ -25,6 +26,8 @@ from opentelemetry.trace import NonRecordingSpan, SpanContext, TraceFlags
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
 from baton.core.settings import TelemetrySettings
+
+log = logging.getLogger(__name__)
 
 SPAN_GATEWAY_REQUEST = "gateway.request"
 SPAN_GATEWAY_AUTH = "gateway.auth"
@@ -78,10 +81,16 @@ def setup_tracing(
     provider = TracerProvider(resource=Resource.create({"service.name": settings.service_name}),
                               sampler=ParentBased(TraceIdRatioBased(settings.sample_ratio)),
                               meter_provider=NoOpMeterProvider())  # no SDK self-metrics per span
-    if exporter is None and settings.otlp_endpoint:
-        from baton.core.otlp import OtlpHttpExporter
+    if exporter is None:
+        from baton.core.otlp import OtlpHttpExporter, exporter_options
 
-        exporter = OtlpHttpExporter(settings.otlp_endpoint.rstrip("/") + "/v1/traces", timeout_s=2)
+        try:  # Baton's endpoint, with the standard OTEL_EXPORTER_OTLP_* variables
+            options = exporter_options(settings.otlp_endpoint)
+        except ValueError as exc:  # spans are still made (trace ids in records), only not exported
+            log.error("traces are not exported: %s", exc)
+        else:
+            if options.endpoint:
+                exporter = OtlpHttpExporter.of(options, timeout_s=2)
     if exporter is not None:
         processor = (
             BatchSpanProcessor(exporter, max_queue_size=8192, schedule_delay_millis=500, export_timeout_millis=2000)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gzip
 import threading
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, HTTPServer
@@ -17,7 +18,8 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from opentelemetry.trace import Link, SpanKind, Status, StatusCode
 
 from baton.core import telemetry as t
-from baton.core.otlp import OtlpHttpExporter, encode_spans
+from baton.core.otlp import OtlpHttpExporter, encode_spans, exporter_options, parse_headers
+from baton.core.settings import TelemetrySettings
 
 
 def _spans() -> list:  # type: ignore[type-arg]
@@ -53,8 +55,13 @@ def test_the_bytes_decode_to_what_the_official_encoder_builds() -> None:
 class _Collector(BaseHTTPRequestHandler):
     bodies: list[bytes] = []
     status = 200
+    required: dict[str, str] = {}  #: headers without which the collector answers 401, as a hosted one does
 
     def do_POST(self) -> None:
+        if any(self.headers.get(k) != v for k, v in type(self).required.items()):
+            self.send_response(401)
+            self.end_headers()
+            return
         length = int(self.headers["content-length"])
         type(self).bodies.append(self.rfile.read(length))
         self.send_response(type(self).status)
@@ -67,6 +74,7 @@ class _Collector(BaseHTTPRequestHandler):
 @pytest.fixture()
 def collector() -> Iterator[str]:
     _Collector.bodies = []
+    _Collector.required = {}
     server = HTTPServer(("127.0.0.1", 0), _Collector)
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
@@ -85,3 +93,41 @@ def test_the_exporter_posts_the_batch_and_says_when_the_collector_refuses_it(col
     finally:
         _Collector.status = 200
     assert OtlpHttpExporter("http://127.0.0.1:9/v1/traces", timeout_s=0.5).export(spans) is SpanExportResult.FAILURE
+
+
+def test_the_standard_otel_variables_name_the_endpoint_headers_and_compression() -> None:
+    env = {"OTEL_EXPORTER_OTLP_ENDPOINT": "https://otlp.example.com/", "OTEL_EXPORTER_OTLP_HEADERS":
+           "x-honeycomb-team=abc%3D1,Authorization=Basic%20dXNlcjpw, junk", "OTEL_EXPORTER_OTLP_COMPRESSION": "gzip"}
+    o = exporter_options(None, env)
+    assert o.endpoint == "https://otlp.example.com/v1/traces" and o.compression == "gzip"
+    assert o.headers == {"x-honeycomb-team": "abc=1", "authorization": "Basic dXNlcjpw"}
+    assert "dXNlcjpw" not in repr(o)  # credentials stay out of logs
+    # the signal's own variables first; Baton's setting names the endpoint when set
+    traces = {**env, "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": "http://c:4318/custom",
+              "OTEL_EXPORTER_OTLP_TRACES_HEADERS": "a=b"}
+    assert exporter_options(None, traces).endpoint == "http://c:4318/custom"
+    assert exporter_options(None, traces).headers == {"a": "b"}
+    assert exporter_options("http://mine:4318", traces).endpoint == "http://mine:4318/v1/traces"
+    assert exporter_options(None, {}).endpoint is None
+    assert parse_headers("=x,k=,a=1=2") == {"k": "", "a": "1=2"}
+    for bad in ({"OTEL_EXPORTER_OTLP_PROTOCOL": "grpc"}, {"OTEL_EXPORTER_OTLP_TRACES_COMPRESSION": "zstd"}):
+        with pytest.raises(ValueError, match="OTEL_EXPORTER_OTLP"):
+            exporter_options("http://c:4318", bad)
+
+
+def test_a_collector_that_requires_a_header_gets_the_spans_with_it_gzipped(collector: str,
+                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """As a hosted tracing backend: without the header 401 and nothing stored; the process's tracing, set up
+    from the standard variables alone (no Baton setting), delivers its spans with the header, gzipped."""
+    _Collector.required = {"x-api-key": "s3cret"}
+    spans = _spans()
+    assert OtlpHttpExporter(collector).export(spans) is SpanExportResult.FAILURE and _Collector.bodies == []
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", collector)
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_HEADERS", "x-api-key=s3cret")
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_COMPRESSION", "gzip")
+    tracing = t.setup_tracing(TelemetrySettings(enabled=True, service_name="baton-test"), batch=False)
+    tracing.tracer.start_span("gateway.request").end()
+    tracing.shutdown()
+    assert len(_Collector.bodies) == 1
+    got = ExportTraceServiceRequest.FromString(gzip.decompress(_Collector.bodies[0]))
+    assert got.resource_spans[0].scope_spans[0].spans[0].name == "gateway.request"
