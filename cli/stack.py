@@ -294,11 +294,16 @@ def ensure_catalogue(admin: Admin, model_dir: Path, embed_dir: Path,
     return tenant, [deployment, embed_deployment]
 
 
-def demo_key(admin: Admin, tenant: dict[str, object], state: Path) -> str:
-    """The demo tenant's key: issued on the first ``up`` (its secret is kept in var/demo.key, mode 0600)."""
+def demo_key(admin: Admin, tenant: dict[str, object], state: Path, base_url: str | None = None) -> str:
+    """The demo tenant's key: issued on the first ``up`` (its secret is kept in var/demo.key, mode 0600),
+    and again when the kept one no longer opens the gateway (revoked, expired, its tenant removed)."""
     path = state / "demo.key"
     if path.exists():
-        return path.read_text().strip()
+        kept = path.read_text().strip()
+        if base_url is None or _key_accepted(base_url, kept):
+            return kept
+        typer.secho(f"note: {path} holds a key the gateway refuses (revoked, expired or its tenant removed): "
+                    "issuing a new demo key", fg="yellow")
     r = admin.http.post(f"/tenants/{tenant['id']}/keys", json={"name": f"demo-{secrets.token_hex(3)}"})
     if r.status_code >= 400:
         raise typer.Exit(_fail(f"could not issue the demo key: {r.status_code} {r.text[:300]}"))
@@ -306,6 +311,17 @@ def demo_key(admin: Admin, tenant: dict[str, object], state: Path) -> str:
     path.write_text(key + "\n")
     path.chmod(0o600)
     return key
+
+
+def _key_accepted(base_url: str, key: str) -> bool:
+    """Whether the gateway takes this key (anything but 401 counts: a limit or a 5xx says nothing of it)."""
+    import httpx
+
+    try:
+        r = httpx.get(f"{base_url}/v1/models", headers={"Authorization": f"Bearer {key}"}, timeout=10)
+    except httpx.HTTPError:
+        return True  # the smoke check that follows says what is wrong
+    return r.status_code != 401
 
 
 def wait_running(admin: Admin, deployment: dict[str, object], settings: Settings, timeout_s: float) -> None:
@@ -442,7 +458,7 @@ def up(
     if with_model:
         tenant, (deployment, embed_deployment) = ensure_catalogue(admin, model_dir, embed_dir,
                                                                   settings.redis.lmcache_url)
-        key = demo_key(admin, tenant, state)
+        key = demo_key(admin, tenant, state, base_url)
         wait_running(admin, deployment, settings, timeout_s)
         reply = smoke(base_url, key)
         out.print(f"[green]ok[/] {DEMO_DEPLOYMENT}: prefill and decode pools running; a chat completion "

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import time
 from pathlib import Path
 
 import httpx
@@ -75,6 +76,21 @@ def test_a_killed_replica_takes_its_engine_and_down_then_up_then_down_again(bato
     _, alive = psutil.wait_procs(engines, timeout=60)
     assert not alive, f"engine processes outlived their replica: {[p.pid for p in alive]}"
 
+    # the demo key revoked (nothing runs after this module): the next `up` must issue a new one, not fail
+    revoked = stack.api_key
+    with stack.admin() as admin:
+        demo = next(t for t in admin.get("/tenants", params={"name": "demo"}).json()["data"] if t["name"] == "demo")
+        for k in admin.get(f"/tenants/{demo['id']}/keys").json():
+            admin.post(f"/tenants/{demo['id']}/keys/{k['id']}/revoke").raise_for_status()
+    refused = False
+    for _ in range(50):  # the gateway hears of a revocation over Redis within milliseconds
+        refused = httpx.get(f"{stack.gateway_url}/v1/models", headers={"authorization": f"Bearer {revoked}"},
+                            timeout=30).status_code == 401
+        if refused:
+            break
+        time.sleep(0.1)
+    assert refused
+
     down = stack.down()
     assert down.returncode == 0, down.stderr[-2000:]
     assert stack.marked() == []
@@ -82,6 +98,7 @@ def test_a_killed_replica_takes_its_engine_and_down_then_up_then_down_again(bato
     stack.start(BATON_TELEMETRY__OTLP_ENDPOINT=f"http://127.0.0.1:{free_port()}")
     try:
         stack.wait_up()
+        assert stack.api_key != revoked  # var/demo.key holds a new key, which the smoke check used
         resp = _chat(stack)
         assert resp.status_code == 200, resp.text
     finally:
