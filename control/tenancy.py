@@ -485,6 +485,20 @@ class Tenancy:
             uow.tenants.require(tenant_id)
             return [ModelView.of(r) for r in uow.models.for_tenant(tenant_id)]
 
+    def model_id(self, ref: str | uuid.UUID) -> uuid.UUID:
+        """A model named by its id or by its name (as the CLI and the console name it)."""
+        if isinstance(ref, uuid.UUID):
+            return ref
+        try:
+            return uuid.UUID(ref)
+        except ValueError:
+            pass
+        with self.db.system() as uow:
+            found = uow.models.by_name(ref)
+            if found is None:
+                raise errors.NotFoundError(f"No model with the id or name {ref!r}.")
+            return found.id
+
     def grant_model(self, actor: Actor, tenant_id: uuid.UUID, model_id: uuid.UUID) -> None:
         """Lets the tenant use the model (idempotent), answering the pending requests it satisfies;
         every gateway forgets what it cached of the tenant."""

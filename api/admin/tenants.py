@@ -6,7 +6,7 @@ from __future__ import annotations
 import uuid
 from typing import Annotated
 
-from fastapi import APIRouter, Query, Request, Response, status
+from fastapi import APIRouter, Path, Query, Request, Response, status
 
 from baton.control.tenancy import NewTenant, TenantChanges, TenantView
 from baton.core import models as m
@@ -95,16 +95,21 @@ def list_grants(*, tenant_id: uuid.UUID, ctx: Ctx, who: Admin) -> list[ModelPubl
     return [ModelPublic.model_validate(v) for v in ctx.control.tenancy.list_grants(tenant_id)]
 
 
-@router.put("/{tenant_id}/models/{model_id}", status_code=status.HTTP_204_NO_CONTENT)
-def grant_model(*, tenant_id: uuid.UUID, model_id: uuid.UUID, ctx: Ctx, who: Admin) -> Response:
+ModelRef = Annotated[str, Path(max_length=128, description="The model's id or its name.")]
+
+
+@router.put("/{tenant_id}/models/{model}", status_code=status.HTTP_204_NO_CONTENT)
+def grant_model(*, tenant_id: uuid.UUID, model: ModelRef, ctx: Ctx, who: Admin) -> Response:
     """Lets the tenant use the model (idempotent); answers its pending access requests for it."""
-    ctx.control.tenancy.grant_model(actor(who), tenant_id, model_id)
+    tenancy = ctx.control.tenancy
+    tenancy.grant_model(actor(who), tenant_id, tenancy.model_id(model))
     return Response(status_code=status.HTTP_204_NO_CONTENT)
 
 
-@router.delete("/{tenant_id}/models/{model_id}", status_code=status.HTTP_204_NO_CONTENT)
-def revoke_model(*, tenant_id: uuid.UUID, model_id: uuid.UUID, ctx: Ctx, who: Admin) -> Response:
-    ctx.control.tenancy.revoke_model(actor(who), tenant_id, model_id)
+@router.delete("/{tenant_id}/models/{model}", status_code=status.HTTP_204_NO_CONTENT)
+def revoke_model(*, tenant_id: uuid.UUID, model: ModelRef, ctx: Ctx, who: Admin) -> Response:
+    tenancy = ctx.control.tenancy
+    tenancy.revoke_model(actor(who), tenant_id, tenancy.model_id(model))
     return Response(status_code=status.HTTP_204_NO_CONTENT)
 
 

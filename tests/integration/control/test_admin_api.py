@@ -91,6 +91,13 @@ def test_keys_users_grants_and_limits(client: TestClient, db) -> None:
     model = make_model(client)
     assert client.put(f"/admin/v1/tenants/{tid}/models/{model['id']}").status_code == 204
     assert [x["id"] for x in client.get(f"/admin/v1/tenants/{tid}/models").json()] == [model["id"]]
+    # a model is named by its name as well as by its id (as the CLI and the console name it)
+    assert client.delete(f"/admin/v1/tenants/{tid}/models/{model['name']}").status_code == 204
+    assert client.get(f"/admin/v1/tenants/{tid}/models").json() == []
+    assert client.put(f"/admin/v1/tenants/{tid}/models/{model['name']}").status_code == 204
+    assert [x["id"] for x in client.get(f"/admin/v1/tenants/{tid}/models").json()] == [model["id"]]
+    missing = client.put(f"/admin/v1/tenants/{tid}/models/no-such-model")
+    assert missing.status_code == 404 and "no-such-model" in missing.json()["detail"]
 
     k = client.post(f"/admin/v1/tenants/{tid}/keys", json={"name": "svc", "model_scope": [model["name"]]}).json()
     key_id = k["key"]["id"]
