@@ -806,7 +806,9 @@ async def _drill(ep: Endpoint, cfg: DrillConfig, log: Log, progress: Progress | 
             if f.kind == "drop" and f.fired:
                 v = by_seq.get(f.pids[0]) if f.pids else None
                 f.fired = v is not None and v.state == "cancelled"
-                f.evidence = f"client closed the stream; request ended {v.state if v else 'unknown'} at the client"
+                tries = f.evidence.partition("; earlier tries")[2]  # drops that came after the answer
+                f.evidence = (f"client closed the stream; request ended {v.state if v else 'unknown'} at the client"
+                              + (f"; earlier tries{tries}" if tries else ""))
 
         db_checks: dict[str, Any] = {"skipped": "no database"}
         steps: dict[str, list[dict[str, Any]]] = {}
