@@ -96,8 +96,9 @@ def attribute_steps(faults: Sequence[FaultRecord], records: Iterable[RequestReco
 
 
 def unmatched(faults: Iterable[FaultRecord]) -> list[FaultRecord]:
-    """Fired faults that needed a recovery step and got none."""
-    return [f for f in faults if f.fired and f.needs_step and not f.matched_steps]
+    """Fired faults that needed a recovery step and got none (a fault the drill found missed in the run, and
+    fired again, is counted apart: ``faults_missed``)."""
+    return [f for f in faults if f.fired and f.needs_step and not f.matched_steps and not f.missed]
 
 
 def prefill_rungs_seen(steps: Steps) -> list[str]:
@@ -116,15 +117,19 @@ def ladder_ran_out(request_ids: Iterable[str | None], steps: Steps) -> list[str]
 def fault_checks(faults: Sequence[FaultRecord], records: Sequence[RequestRecord], verdicts: Sequence[Verdict],
                  steps: Steps, *, slack_s: float = 2.0) -> dict[str, Any]:
     """Attributes the steps to the faults and returns the drill result's fields about them:
-    ``faults_unmatched``, ``victims_busy`` (count by value), ``victims_not_busy``, ``failed_ladder_ran_out``
+    ``faults_unmatched``, ``faults_missed``, ``victims_busy`` (count by value), ``victims_not_busy`` (of the
+    faults that hit: neither busy by the gauges nor answered by a step), ``failed_ladder_ran_out``
     and ``prefill_rungs_seen``."""
     attribute_steps(faults, records, steps, slack_s=slack_s)
     replica = [f for f in faults if f.fired and f.kind in REPLICA_FAULTS]
+    hits = [f for f in replica if not f.missed]
     failed = [r.request_id for r, v in zip(records, verdicts, strict=True) if v.state == "failed"]
     return {
         "faults_unmatched": len(unmatched(faults)),
+        "faults_missed": sum(1 for f in replica if f.missed),
         "victims_busy": dict(Counter(str(f.victim_busy).lower() for f in replica)),
-        "victims_not_busy": sum(1 for f in replica if f.victim_busy is not True),
+        # a victim is shown busy by its engine's gauges, or by the recovery steps its death caused
+        "victims_not_busy": sum(1 for f in hits if f.victim_busy is not True and not f.matched_steps),
         "failed_ladder_ran_out": len(ladder_ran_out(failed, steps)),
         "prefill_rungs_seen": prefill_rungs_seen(steps),
     }

@@ -41,7 +41,7 @@ from typing import Any, cast
 
 import httpx
 
-from baton.bench.chaos.attribution import PREFILL_RUNGS, fault_checks
+from baton.bench.chaos.attribution import PREFILL_RUNGS, REPLICA_FAULTS, attribute_steps, fault_checks
 from baton.bench.chaos.faults import (
     FaultRecord,
     Pool,
@@ -109,6 +109,9 @@ class DrillConfig:
     """How long a replica fault waits for a replica of its pool whose engine reports a request."""
     step_slack_s: float = 2.0
     """Clock slack when matching a recovery step's time (request start + ``at_ms``) to a fault's."""
+    miss_retries: int = 2
+    """A replica fault that hit nothing (judged in the run from the request records of the requests open at
+    it: no recovery step it calls for) is fired again, at most this many more times per planned fault."""
 
     def plan(self) -> list[str]:
         rng = random.Random(self.seed)
@@ -397,6 +400,28 @@ class Injector:
             await asyncio.sleep(0.05)
         return 0
 
+    async def _missed(self, f: FaultRecord, wait_s: float = 240.0, records_s: float = 30.0) -> bool:
+        """Whether a replica fault hit nothing: once every request open at it has ended and has its request
+        record, none shows a recovery step that answers it (:func:`attribute_steps`' rules)."""
+        open_ = [fl.rec for fl in list(self.drv.in_flight.values()) if fl.rec.t_send < f.t_mono]
+        open_ += [r for r in self.drv.records if r.t_send < f.t_mono < r.t_end]
+        deadline = time.monotonic() + wait_s
+        while any(r.seq in self.drv.in_flight for r in open_) and time.monotonic() < deadline:  # noqa: ASYNC110
+            await asyncio.sleep(0.2)
+        ids = {rid: r for r in open_ if r.request_id and (rid := _rid(r.request_id)) is not None}
+        if not ids:
+            return True
+        deadline = time.monotonic() + records_s
+        while True:  # the gateway writes a record just after its request ends
+            found = await asyncio.to_thread(read_recovery_steps, self.ep.db, list(ids))
+            if len(found) == len(ids) or time.monotonic() > deadline:
+                break
+            await asyncio.sleep(1)
+        steps = {str(ids[rid].request_id): sts for rid, sts in found.items()}
+        probe = FaultRecord(kind=f.kind, at_s=f.at_s, t_mono=f.t_mono, fired=True)
+        attribute_steps([probe], list(ids.values()), steps, slack_s=self.cfg.step_slack_s)
+        return not probe.matched_steps
+
     def _new(self, kind: str, target: str = "") -> FaultRecord:
         now = time.monotonic()
         f = FaultRecord(kind=kind, at_s=round(now - self.t0, 3), t_mono=now, target=target)
@@ -404,7 +429,12 @@ class Injector:
         return f
 
     async def run(self, plan: list[str], progress: Progress | None) -> None:
-        for i, kind in enumerate(plan):
+        plan = list(plan)
+        retries: list[int] = [0] * len(plan)
+        i = -1
+        while i + 1 < len(plan):
+            i += 1
+            kind = plan[i]
             await asyncio.sleep(self.rng.uniform(*self.cfg.gap_s))
             pool: Pool | None = ("decode" if kind.endswith("decode") else
                                  "prefill" if kind.endswith("prefill") else None)
@@ -422,6 +452,12 @@ class Injector:
             f.streams_in_flight = streams
             self.log(f"fault {i + 1}/{len(plan)} {kind} at {f.at_s:.1f}s: {'fired' if f.fired else 'NOT FIRED'} "
                      f"({f.evidence})")
+            if (f.fired and kind in REPLICA_FAULTS and self.ep.db is not None
+                    and retries[i] < self.cfg.miss_retries and await self._missed(f)):
+                f.missed = True
+                plan.insert(i + 1, kind)
+                retries.insert(i + 1, retries[i] + 1)
+                self.log(f"fault {i + 1} {kind} hit nothing (no request open at it needed recovery): firing it again")
             if progress:
                 progress("faults", i + 1, len(plan))
         if self.background:

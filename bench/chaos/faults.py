@@ -237,6 +237,10 @@ class FaultRecord:
     """Recovery steps in those requests' records attributed to this fault (:mod:`.attribution`)."""
     needs_step: bool = False
     """A fault that must be answered by a recovery step (kills and stalls of replicas)."""
+    missed: bool = False
+    """A replica fault that hit nothing: once the requests open at it had ended, none of their records showed
+    a recovery step it calls for (on a loaded machine the engines' gauges and the client's view both lag, so
+    a victim can be idle by the time it dies). The drill then fires the same kind again (``miss_retries``)."""
     in_flight_steps: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
     """Every recovery step in the records of the requests open at the fault, with its time from the fault
     on the client's clock (``after_fault_s``): what an unmatched fault is judged against."""

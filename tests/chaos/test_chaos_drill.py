@@ -98,19 +98,25 @@ def test_decode_and_prefill_kills_lose_no_request_and_no_token(endpoint) -> None
                       long_prompt_words=500)
     result = run_drill(endpoint, cfg)
     _show(result)
-    # every fault really happened: the decode kill with streams in flight (mid-stream)
-    assert result["faults_fired"].get("kill_decode") == 1 and result["faults_fired"].get("kill_prefill") == 1
+    # every fault really happened: the decode kill with streams in flight (mid-stream). A kill that hit
+    # nothing (no request open at it needed recovery, by their records: on a loaded machine the victim can
+    # be idle by the time it dies) is fired again, twice at most; one kill of each pool must hit.
+    hits = [f for f in result["faults"] if f["fired"] and not f["missed"]]
+    assert [f["kind"] for f in hits if f["kind"].startswith("kill_")].count("kill_decode") == 1
+    assert [f["kind"] for f in hits if f["kind"].startswith("kill_")].count("kill_prefill") == 1
     assert result["faults_not_fired"] == 0 and result["faults_not_recovered"] == 0, [
         (f["kind"], f["evidence"], f.get("recovered")) for f in result["faults"]]
     assert result["baseline"]["long_prompt"]
-    decode_kill = next(f for f in result["faults"] if f["kind"] == "kill_decode")
-    prefill_kill = next(f for f in result["faults"] if f["kind"] == "kill_prefill")
+    decode_kill = next(f for f in hits if f["kind"] == "kill_decode")
+    prefill_kill = next(f for f in hits if f["kind"] == "kill_prefill")
     assert decode_kill["streams_in_flight"] > 0
-    # each victim was serving a request by its engine's own metrics, and the ladder answered each kill in a
-    # request that was in flight at it: the decode kill with a decode-side step, the prefill kill with a rung
+    # each victim was serving a request (by its engine's own metrics, or by the steps below), and the ladder
+    # answered each kill in a request that was in flight at it: the decode kill with a decode-side step, the
+    # prefill kill with a rung
     for f in (decode_kill, prefill_kill):
-        assert f["victim_busy"] is True, f
+        assert f["victim_busy"] is True or f["matched_steps"], f
         assert f["requests_in_flight"] and f["matched_steps"], f
+    assert result["faults_unmatched"] == 0 and result["victims_not_busy"] == 0
     assert all(s["step"].startswith("decode_") or s["step"] == "aggregated_fallback"
                for s in decode_kill["matched_steps"])
     assert {s["step"] for s in prefill_kill["matched_steps"]} <= {"prefill_retry", "local_prefill", "kv_recompute"}

@@ -142,5 +142,17 @@ def test_fault_checks_counts_unmatched_faults_and_victims_that_were_not_busy():
     out = fault_checks([busy, idle, blind], recs, verdicts,
                        {"req-a": [step("decode_resume", 2.5)], "req-c": [step("decode_resume", 8.0)]})
     assert out["faults_unmatched"] == 1  # the prefill kill: its request had no prefill rung
-    assert out["victims_busy"] == {"true": 1, "false": 1, "unknown": 1} and out["victims_not_busy"] == 2
-    assert out["prefill_rungs_seen"] == [] and out["failed_ladder_ran_out"] == 0
+    # the stop's victim was not seen busy by its gauges, but the step its stall caused shows it served
+    assert out["victims_busy"] == {"true": 1, "false": 1, "unknown": 1} and out["victims_not_busy"] == 1
+    assert out["prefill_rungs_seen"] == [] and out["failed_ladder_ran_out"] == 0 and out["faults_missed"] == 0
+
+
+def test_a_fault_the_drill_found_missed_and_fired_again_is_counted_apart():
+    missed = fault("kill_decode", 10.0, victim_busy=True)
+    missed.missed = True
+    again = fault("kill_decode", 20.0, victim_busy=True)
+    recs = [request("req-a", 8.0, 15.0), request("req-b", 19.0, 25.0)]
+    verdicts = [Verdict(seq=0, request_id=r.request_id, state="completed") for r in recs]
+    out = fault_checks([missed, again], recs, verdicts, {"req-b": [step("decode_resume", 2.5)]})
+    assert out["faults_unmatched"] == 0 and out["faults_missed"] == 1 and out["victims_not_busy"] == 0
+    assert again.matched_steps and not missed.matched_steps

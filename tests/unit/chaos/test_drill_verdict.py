@@ -78,10 +78,12 @@ def test_a_kill_that_no_request_answered_fails_the_drill():
 
 
 @pytest.mark.parametrize("busy", [False, "unknown"])
-def test_a_victim_not_seen_busy_fails_the_drill(busy):
+def test_a_victim_not_seen_busy_fails_the_drill_unless_a_step_answered_its_death(busy):
     recs = [request(1, 8.0, 12.0, events(IDS))]
-    out = verdict(recs, [kill(busy=busy)], {"req-1": [resume(2.4)]}, DrillConfig())
+    out = verdict(recs, [kill(busy=busy)], {}, DrillConfig())
     assert out["victims_not_busy"] == 1 and out["invariants"]["victims_were_busy"] is False
+    out = verdict(recs, [kill(busy=busy)], {"req-1": [resume(2.4)]}, DrillConfig())
+    assert out["victims_not_busy"] == 0 and out["invariants"]["victims_were_busy"] is True
 
 
 def test_a_failed_request_fails_the_drill_even_with_a_readable_error():
@@ -286,3 +288,39 @@ def test_the_cli_sets_the_new_drill_options():
     opts = {o for p in chaos.commands["run"].params for o in p.opts}
     assert {"--allow-failures", "--require-prefill-rungs", "--long-prompt-words", "--victim-wait", "--stall-s",
             "--metrics-url"} <= opts
+
+
+def test_a_kill_that_hit_nothing_is_fired_again_at_most_miss_retries_times(monkeypatch):
+    """The in-run check says the first decode kill hit nothing: it is marked missed and fired again; a kind
+    that keeps missing is fired ``miss_retries`` more times, its last try left for the final attribution."""
+    inj, drv, _ = _injector(monkeypatch, [], FakeMetrics(None))
+    inj.cfg.gap_s = (0.0, 0.0)
+    inj.ep.db = object()  # the in-run check reads the records (faked below)
+    fired: list[str] = []
+
+    async def fire(kind, pool):  # type: ignore[no-untyped-def]
+        fired.append(kind)
+        f = inj._new(kind, pool or "")
+        f.fired = True
+        return f
+
+    misses = {"kill_decode": [True, False], "kill_prefill": [True, True, True, True]}
+
+    async def missed(f):  # type: ignore[no-untyped-def]
+        return misses[f.kind].pop(0)
+
+    async def ready(*_a, **_k) -> bool:
+        return True
+
+    async def streams(*_a, **_k) -> int:
+        return 1
+
+    monkeypatch.setattr(inj, "_fire", fire)
+    monkeypatch.setattr(inj, "_missed", missed)
+    monkeypatch.setattr(inj, "wait_ready", ready)
+    monkeypatch.setattr(inj, "wait_streams", streams)
+    monkeypatch.setattr(inj, "wait_healthy", ready)
+    asyncio.run(inj.run(["kill_decode", "kill_prefill"], None))
+    asyncio.run(drv.close())
+    assert fired == ["kill_decode", "kill_decode", "kill_prefill", "kill_prefill", "kill_prefill"]
+    assert [f.missed for f in inj.faults] == [True, False, True, True, False]
