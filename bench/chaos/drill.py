@@ -8,9 +8,13 @@
    and streams are in flight: SIGKILL of a prefill or decode replica (engine core and replica
    process), SIGSTOP (+SIGCONT after ``stall_s``), the LMCache Redis tier down (and back up after
    ``tier_down_s``), and dropped client connections. A replica fault hits a replica whose engine reports
-   a request at that moment (:mod:`.victims`); before a prefill fault the long prompt, if any, is sent
-   and the fault waits for a prefill engine to report it. Each fault is checked to have fired; kills are
-   checked to have been replaced by Ray.
+   a request at that moment (:mod:`.victims`); a decode fault also waits for a client stream early in
+   its answer, and before a prefill fault the long prompt, if any, is sent and the fault waits for a
+   prefill engine to report it. Each fault is checked to have fired; kills are checked to have been
+   replaced by Ray. Gauges and clients lag on a loaded machine, so a victim may be idle when it dies:
+   once the requests open at a replica fault have ended, their request records are read, and a fault no
+   step answered is marked ``missed`` and fired again (``miss_retries``), its last try judged below.
+   A client drop whose answer had reached the client in full first is tried on another stream.
 4. The ledger (:mod:`.ledger`) judges every request; Postgres is checked for one usage record and one
    request record (with the matching status) per accepted request; recovery steps are read from the
    request records and each replica fault must be answered by a step of its kind in a request that was
@@ -20,8 +24,9 @@ Invariants (``result["invariants"]``, all must hold for ``ok``): no lost request
 final state each, no failed request (with ``allow_failures``: only those whose record shows the ladder
 ran out), no duplicated, missing (a failed stream's untransmitted tail included) or wrong token, text
 equal to the baseline, usage counted once, one usage and one matching request record per request, every
-fault fired and recovered, every replica fault matched to a recovery step, every replica fault's victim
-busy, and with ``require_prefill_rungs`` both prefill rungs seen.
+fault fired and recovered, every replica fault matched to a recovery step (those found missed apart),
+every replica fault's victim busy (by its gauges, or by the steps its death caused), and with
+``require_prefill_rungs`` both prefill rungs seen.
 """
 
 from __future__ import annotations
