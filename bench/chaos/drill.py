@@ -425,6 +425,10 @@ class Injector:
         steps = {str(ids[rid].request_id): sts for rid, sts in found.items()}
         probe = FaultRecord(kind=f.kind, at_s=f.at_s, t_mono=f.t_mono, fired=True)
         attribute_steps([probe], list(ids.values()), steps, slack_s=self.cfg.step_slack_s)
+        if not probe.matched_steps:  # where the open requests were at the client: what the victim missed
+            f.evidence += "; open at it: " + ", ".join(
+                f"seq {r.seq} ({sum(1 for t in r.token_times if t < f.t_mono)} chunks before, "
+                f"ended {r.t_end - f.t_mono:+.2f} s)" for r in ids.values())
         return not probe.matched_steps
 
     def _new(self, kind: str, target: str = "") -> FaultRecord:
