@@ -90,6 +90,21 @@ def test_baton_chaos_run_attached_to_a_running_stack_writes_a_result_the_report_
 
 
 def test_decode_and_prefill_kills_lose_no_request_and_no_token(endpoint) -> None:
+    _strict_drill(endpoint)
+
+
+#: ``BATON_CHAOS_REPEAT=5``: the strict drill this many times in a row on one stack (a flakiness check:
+#: ``flock /tmp/baton-heavy.lock env BATON_CHAOS_REPEAT=5 .venv/bin/python -m pytest -m chaos -s
+#: tests/chaos/test_chaos_drill.py -k kills``, with another process taking a core)
+REPEAT = int(os.environ.get("BATON_CHAOS_REPEAT", "1") or 1)
+
+if REPEAT > 1:
+    @pytest.mark.parametrize("run", range(2, REPEAT + 1))
+    def test_decode_and_prefill_kills_again(endpoint, run: int) -> None:  # type: ignore[no-untyped-def]
+        _strict_drill(endpoint)
+
+
+def _strict_drill(endpoint) -> None:  # type: ignore[no-untyped-def]
     from baton.bench.chaos.drill import DrillConfig, run_drill
 
     # 500 words: ~1,800 tokens of the tiny model's tokenizer (max_model_len 2,048 with the 48 answered)
