@@ -66,10 +66,14 @@ def openai_error_response(
     return Response(body, status_code=exc.status, headers=headers, media_type="application/json")
 
 
+#: Every problem document's ``type`` (the admin API's and the console's alike): this prefix and the code.
+PROBLEM_TYPE_PREFIX = "urn:baton:error:"
+
+
 def problem_details(exc: errors.BatonError, *, instance: str | None = None) -> dict[str, Any]:
     """RFC 9457 problem details for ``exc`` (``type`` is a stable URN per error code)."""
     body: dict[str, Any] = {
-        "type": f"urn:baton:error:{exc.code}",
+        "type": PROBLEM_TYPE_PREFIX + exc.code,
         "title": exc.title,
         "status": exc.status,
         "detail": client_message(exc),

@@ -18,12 +18,13 @@ from fastapi.routing import APIRoute
 from pydantic import BaseModel, Field
 from starlette.exceptions import HTTPException
 
+from baton.api.errors import PROBLEM_TYPE_PREFIX
 from baton.core import errors
 
 log = logging.getLogger(__name__)
 
 PROBLEM_MEDIA_TYPE = "application/problem+json"
-TYPE_BASE = "https://baton.dev/problems/"
+TYPE_BASE = PROBLEM_TYPE_PREFIX  # one type namespace with the console's problems
 
 
 class Problem(BaseModel):
