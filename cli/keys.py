@@ -66,12 +66,29 @@ def _row(view: ApiKeyView) -> list[str]:
             view.created_at.isoformat(timespec="seconds")]
 
 
+def _key_json(view: ApiKeyView, secret: str | None = None) -> str:
+    """One key as a JSON line (the secret only where it was just issued)."""
+    import json
+
+    out = {"id": str(view.id), "name": view.name, "prefix": view.prefix, "state": view.state(),
+           "model_scope": list(view.model_scope),
+           "expires_at": view.expires_at.isoformat() if view.expires_at else None,
+           "created_at": view.created_at.isoformat()}
+    if secret is not None:
+        out["secret"] = secret
+    return json.dumps(out)
+
+
+JSON = typer.Option("--json", help="Print the key as one JSON object (with its secret), for scripts.")
+
+
 @app.command("create")
 def create(
     tenant: Annotated[str, TENANT],
     name: Annotated[str, typer.Option("--name", help="A name for the key, unique among live keys.")],
     model: Annotated[list[str] | None, typer.Option("--model", "-m", help="Limit to this model (repeat).")] = None,
     expires_in_days: Annotated[float | None, typer.Option("--expires-in-days", min=0.0001)] = None,
+    as_json: Annotated[bool, JSON] = False,
 ) -> None:
     """Create a key and print its secret (shown only this once)."""
     from baton.core.errors import BatonError
@@ -83,6 +100,9 @@ def create(
                                model_scope=model or (), expires_at=expires)
     except BatonError as exc:
         raise _fail(exc) from None
+    if as_json:
+        typer.echo(_key_json(issued.key, issued.secret))
+        return
     typer.echo(f"key id: {issued.key.id}")
     typer.echo(f"secret (shown once): {issued.secret}")
 
@@ -95,8 +115,6 @@ def list_keys(
     = False,
 ) -> None:
     """List a tenant's keys (never their secrets). Ids are printed whole, whatever the terminal's width."""
-    import json
-
     from rich.console import Console
     from rich.table import Table
 
@@ -104,10 +122,7 @@ def list_keys(
     views = service.list(tenant_id=_tenant_id(db, tenant), include_revoked=all_)
     if as_json:
         for view in views:
-            typer.echo(json.dumps({"id": str(view.id), "name": view.name, "prefix": view.prefix,
-                                   "state": view.state(), "model_scope": list(view.model_scope),
-                                   "expires_at": view.expires_at.isoformat() if view.expires_at else None,
-                                   "created_at": view.created_at.isoformat()}))
+            typer.echo(_key_json(view))
         return
     table = Table("id", "name", "prefix", "state", "models", "expires", "created")
     table.columns[0].no_wrap = True
@@ -139,6 +154,7 @@ def rotate(
     key_id: Annotated[uuid.UUID, typer.Argument(help="The key to replace.")],
     overlap_hours: Annotated[float, typer.Option("--overlap-hours", min=0.0,
                                                  help="How long the old key keeps working.")] = 24.0,
+    as_json: Annotated[bool, JSON] = False,
 ) -> None:
     """Issue a successor and let the old key expire after the overlap; prints the new secret once."""
     from baton.core.errors import BatonError
@@ -149,6 +165,9 @@ def rotate(
                                 overlap=dt.timedelta(hours=overlap_hours))
     except BatonError as exc:
         raise _fail(exc) from None
+    if as_json:
+        typer.echo(_key_json(issued.key, issued.secret))
+        return
     typer.echo(f"new key id: {issued.key.id}")
     typer.echo(f"secret (shown once): {issued.secret}")
     typer.echo(f"old key {key_id} stops working after {overlap_hours:g} h")

@@ -31,9 +31,19 @@ def test_keys_are_scriptable_create_list_json_revoke(settings, db) -> None:  # t
     assert listed.exit_code == 0, listed.output
     [row] = [json.loads(line) for line in listed.output.splitlines()]
     assert row["name"] == "ci" and row["state"] == "active" and str(uuid.UUID(row["id"])) == row["id"]
-    gone = runner.invoke(app, ["keys", "revoke", "-t", name, row["id"]], env=env)
-    assert gone.exit_code == 0, gone.output
-    assert runner.invoke(app, ["keys", "list", "-t", name, "--json"], env=env).output.strip() == ""
+    # rotate --json: the successor's id and secret in one object, as create --json gives them
+    rotated = runner.invoke(app, ["keys", "rotate", "-t", name, row["id"], "--overlap-hours", "0", "--json"], env=env)
+    assert rotated.exit_code == 0, rotated.output
+    new = json.loads(rotated.output)
+    assert new["id"] != row["id"] and new["secret"].startswith("bt_") and new["state"] == "active"
+    made2 = runner.invoke(app, ["keys", "create", "-t", name, "--name", "ci2", "--json"], env=env)
+    second = json.loads(made2.output)
+    assert second["name"] == "ci2" and second["secret"] != new["secret"]
+    for key_id in (new["id"], second["id"]):
+        gone = runner.invoke(app, ["keys", "revoke", "-t", name, key_id], env=env)
+        assert gone.exit_code == 0, gone.output
+    assert all(json.loads(line)["state"] != "active" for line in
+               runner.invoke(app, ["keys", "list", "-t", name, "--json"], env=env).output.splitlines())
 
 
 def test_keys_refuse_to_sign_with_the_development_secret_when_no_stack_is_found(settings, tmp_path,
