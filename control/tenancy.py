@@ -284,6 +284,10 @@ class CatalogueEntry:
 
 # --- the use cases ----------------------------------------------------------------------------------
 
+#: A tenant's setting while its sign-up awaits an operator (``tenancy.signup_review``): its admin user's id,
+#: enabled when the tenant is resumed.
+SIGNUP_REVIEW_USER = "signup_review_user"
+
 def _grant_form(tenant_id: uuid.UUID, model_id: uuid.UUID) -> dict[str, Any]:
     return {"tenant_id": str(tenant_id), "model_id": str(model_id)}
 
@@ -313,18 +317,33 @@ class Tenancy:
             log.warning("tenancy.default_models names models the catalogue does not have: %s", ", ".join(missing))
         return [mod for mod in found if mod is not None]
 
-    def sign_up(self, actor: Actor, cmd: SignUp) -> SignedUp:
+    def sign_up(self, actor: Actor, cmd: SignUp, *, review: bool = False) -> SignedUp | None:
         """Creates the tenant, its first admin user and the default grants in one transaction; with no
-        default grant, a pending access request for any model instead."""
+        default grant, a pending access request for any model instead.
+
+        With ``review`` (``tenancy.signup_review``) the answer does not say whether the email was known: for a
+        registered email nothing happens (None, audited); otherwise the organisation is made suspended and its
+        admin user disabled, so that signing in fails exactly as for an unknown email until an operator
+        resumes the tenant (:meth:`set_status`), which enables that user. A taken tenant id is a 409 in both
+        modes (a tenant id is a public name the person must change)."""
         with self.db.system() as uow:
-            if uow.users.by_email(cmd.email) is not None:
-                raise errors.ConflictError("A user with this email already exists; sign in instead.", param="email")
             if uow.tenants.by_name(cmd.tenant_name) is not None:
                 raise errors.ConflictError("This tenant id is taken; choose another.", param="tenant_name")
-            t = uow.tenants.add(m.Tenant(name=cmd.tenant_name, display_name=cmd.organisation.strip()))
-            audit(uow, actor, "tenant.signup", "tenant", t.id, tenant_id=t.id, after=t)
+            if uow.users.by_email(cmd.email) is not None:
+                if review:
+                    audit(uow, actor, "tenant.signup_refused", "user", None,
+                          after={"tenant_name": cmd.tenant_name, "reason": "email already registered"})
+                    uow.commit()
+                    return None
+                raise errors.ConflictError("A user with this email already exists; sign in instead.", param="email")
+            status = m.TenantStatus.SUSPENDED if review else m.TenantStatus.ACTIVE
+            t = uow.tenants.add(m.Tenant(name=cmd.tenant_name, display_name=cmd.organisation.strip(), status=status))
             user = uow.users.add(m.User(tenant_id=t.id, email=cmd.email, password_hash=cmd.password_hash,
-                                        role=m.UserRole.TENANT_ADMIN))
+                                        role=m.UserRole.TENANT_ADMIN, disabled=review))
+            if review:
+                uow.flush()
+                t.settings = {**(t.settings or {}), SIGNUP_REVIEW_USER: str(user.id)}
+            audit(uow, actor, "tenant.signup", "tenant", t.id, tenant_id=t.id, after=t)
             audit(uow, actor, "user.create", "user", user.id, tenant_id=t.id, after=user)
             granted = []
             for mod in self._default_models(uow):
@@ -399,6 +418,15 @@ class Tenancy:
             before = snapshot(t)
             for k, v in values.items():
                 setattr(t, k, v)
+            pending = (t.settings or {}).get(SIGNUP_REVIEW_USER)
+            if values.get("status") == m.TenantStatus.ACTIVE and pending:
+                # an operator resumed an organisation that signed up under review: its admin may sign in now
+                t.settings = {k: v for k, v in t.settings.items() if k != SIGNUP_REVIEW_USER}
+                user = uow.users.get(uuid.UUID(str(pending)))
+                if user is not None and user.tenant_id == t.id and user.disabled:
+                    user_before = snapshot(user)
+                    user.disabled = False
+                    audit(uow, actor, "user.enable", "user", user.id, tenant_id=t.id, before=user_before, after=user)
             if values:
                 uow.flush()
                 audit(uow, actor, action, "tenant", t.id, tenant_id=t.id, before=before, after=t)

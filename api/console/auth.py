@@ -248,7 +248,7 @@ class LoginThrottle:
         for key, limit in self._keys(email, ip):
             if self._count(key) >= limit:
                 raise errors.RateLimitedError(
-                    "Too many failed sign-in attempts. Wait a few minutes and try again.",
+                    "Too many failed attempts to sign in or sign up. Wait a few minutes and try again.",
                     headers={"Retry-After": str(self.window_s // 3)})
 
     def failed(self, email: str, ip: str) -> None:

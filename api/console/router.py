@@ -82,18 +82,40 @@ def same_origin(request: Request, ctx: Ctx) -> None:
                  allowed=ctx.settings.console.allowed_origins)
 
 
-@api.post("/signup", status_code=201, tags=["console: session"], dependencies=[Depends(same_origin)])
+SIGNUP_UNDER_REVIEW = ("Thank you. An operator reviews new organisations; once yours is approved you can sign in "
+                       "with this email and password. If the email already has an account, sign in with it instead.")
+
+
+@api.post("/signup", status_code=201, tags=["console: session"], dependencies=[Depends(same_origin)],
+          responses={202: {"description": "``tenancy.signup_review``: the same answer whether or not the email "
+                                          "is registered; an operator approves the organisation"}})
 def sign_up(body: SignUp, ctx: Ctx, request: Request, response: Response) -> dict[str, Any]:
     """Creates a tenant and its first admin user, and signs them in. The organisation gets the models
-    ``tenancy.default_models`` names; with none, it waits for an operator (a pending access request)."""
+    ``tenancy.default_models`` names; with none, it waits for an operator (a pending access request).
+
+    A registered email is a 409 that counts against the sign-in throttle of the client's address (so that
+    trying emails costs what guessing passwords does). With ``tenancy.signup_review``, every sign-up gets
+    the same 202 and no session: whether the email was known is not said."""
     email = body.email.strip()
     if not _EMAIL.match(email):
         raise errors.ValidationError("Enter a valid email address.", param="email")
-    done = ctx.control.tenancy.sign_up(
-        Actor(f"console:{email}", (request.headers.get("x-request-id") or "")[:64] or None),
-        SignUpCommand(organisation=body.organisation, tenant_name=body.tenant_name, email=email,
-                      password_hash=hash_password(body.password)),
-    )
+    ip = _client_ip(request)
+    ctx.throttle.check(email, ip)
+    review = ctx.settings.tenancy.signup_review
+    try:
+        done = ctx.control.tenancy.sign_up(
+            Actor(f"console:{email}", (request.headers.get("x-request-id") or "")[:64] or None),
+            SignUpCommand(organisation=body.organisation, tenant_name=body.tenant_name, email=email,
+                          password_hash=hash_password(body.password)),
+            review=review,
+        )
+    except errors.ConflictError as exc:
+        if exc.param == "email":
+            ctx.throttle.failed(email, ip)
+        raise
+    if review or done is None:
+        response.status_code = 202
+        return {"status": "pending_review", "detail": SIGNUP_UNDER_REVIEW}
     tenant = tenant_json(done.tenant)
     account = Account(id=done.user_id, email=done.email, role=m.UserRole(done.role), tenant_id=done.tenant.id)
     s = ctx.sessions.start(account)

@@ -232,6 +232,13 @@ class ControlSettings(BaseModel):
 
 
 class TenancySettings(BaseModel):
+    signup_review: bool = Field(
+        False,
+        description="Sign-ups wait for an operator: the console answers every sign-up alike (202) whether or "
+        "not the email is registered, the new organisation is suspended and its admin cannot sign in until an "
+        "operator resumes it. Off: the organisation works at once, and a registered email is a 409 (tries count "
+        "against the sign-in throttle of the client's address).",
+    )
     default_models: list[str] = Field(
         default_factory=list,
         description="Models a new organisation may use from its sign-up (names; [\"*\"]: every model). "

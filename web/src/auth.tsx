@@ -51,6 +51,7 @@ export function SignUp({ onSignedIn }: { onSignedIn: (s: SessionInfo) => void })
   const [password, setPassword] = useState("");
   const [error, setError] = useState<ApiError | null>(null);
   const [busy, setBusy] = useState(false);
+  const [notice, setNotice] = useState<string | null>(null);
   const slugify = (s: string) =>
     s
       .toLowerCase()
@@ -62,9 +63,15 @@ export function SignUp({ onSignedIn }: { onSignedIn: (s: SessionInfo) => void })
     setBusy(true);
     setError(null);
     try {
-      onSignedIn(
-        await api<SessionInfo>("/signup", { method: "POST", body: { organisation, tenant_name: tenantName, email, password } }),
-      );
+      const res = await api<SessionInfo | { status: string; detail: string }>("/signup", {
+        method: "POST",
+        body: { organisation, tenant_name: tenantName, email, password },
+      });
+      if ("status" in res && res.status === "pending_review") {
+        setNotice(res.detail); // sign-ups wait for an operator: no session yet
+        return;
+      }
+      onSignedIn(res as SessionInfo);
     } catch (err) {
       setError(err as ApiError);
     } finally {
@@ -108,17 +115,22 @@ export function SignUp({ onSignedIn }: { onSignedIn: (s: SessionInfo) => void })
             id="su-password"
             type="password"
             autoComplete="new-password"
-            minLength={10}
+            minLength={12}
             required
             aria-describedby="su-password-hint"
             value={password}
             onChange={(e) => setPassword(e.target.value)}
           />
           <p id="su-password-hint" className="hint">
-            At least 10 characters.
+            At least 12 characters, not a common password.
           </p>
           <ErrorMessage error={error} title="Could not create the organisation" />
-          <button type="submit" disabled={busy}>
+          {notice && (
+            <p role="status" className="notice" data-testid="signup-notice">
+              {notice}
+            </p>
+          )}
+          <button type="submit" disabled={busy || notice !== null}>
             {busy ? "Creating…" : "Create organisation"}
           </button>
           <p>

@@ -3,13 +3,16 @@ operator), its overview, and the operator's access queue. Real Postgres, the con
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import Callable, Iterator
 
 import pytest
+from fastapi.testclient import TestClient
 
+from baton.core import models as m
 from baton.core.settings import TenancySettings
 
-from .conftest import Session, SignUp, add_model, grant
+from .conftest import PASSWORD, Session, SignUp, add_model, grant
 
 API = "/console/api"
 
@@ -105,3 +108,63 @@ def test_a_signed_in_user_of_a_suspended_organisation_is_told_why(sign_up: SignU
     assert s.get(f"{API}/tenant/overview").status_code == 403
     assert operator.post(f"{API}/ops/tenants/{s.tenant_id}/resume").status_code == 200
     assert s.get(f"{API}/session").status_code == 200
+
+
+@pytest.fixture()
+def review(console_app) -> Iterator[Callable[[bool], None]]:  # type: ignore[no-untyped-def]
+    """Turns ``tenancy.signup_review`` on or off for one test (the console reads it per request)."""
+    import dataclasses
+
+    ctx = console_app.state.console
+
+    def set_(on: bool) -> None:
+        settings = ctx.settings.model_copy(update={"tenancy": TenancySettings(signup_review=on)})
+        console_app.state.console = dataclasses.replace(ctx, settings=settings)
+
+    yield set_
+    console_app.state.console = ctx
+
+
+def _signup(c, email: str):  # type: ignore[no-untyped-def]
+    slug = f"t-{uuid.uuid4().hex[:10]}"
+    return c.post(f"{API}/signup", json={"organisation": f"Org {slug}", "tenant_name": slug, "email": email,
+                                         "password": PASSWORD}), slug
+
+
+def test_under_review_a_sign_up_does_not_say_whether_the_email_is_registered(  # type: ignore[no-untyped-def]
+        console_app, db, sign_up: SignUp, operator: Session, review) -> None:
+    known = sign_up()  # registered while sign-ups were open
+    review(True)
+    new_email = f"new-{uuid.uuid4().hex[:8]}@example.com"
+    with TestClient(console_app) as c:
+        again, _ = _signup(c, known.email)
+        fresh, slug = _signup(c, new_email)
+        # the same status and body, no session either way
+        assert again.status_code == fresh.status_code == 202, (again.text, fresh.text)
+        assert again.json() == fresh.json() and fresh.json()["status"] == "pending_review"
+        assert "set-cookie" not in again.headers and "set-cookie" not in fresh.headers
+        # the new admin cannot sign in yet, and is told exactly what an unknown email is told
+        pending = c.post(f"{API}/login", json={"email": new_email, "password": PASSWORD})
+        unknown = c.post(f"{API}/login", json={"email": f"x-{new_email}", "password": PASSWORD})
+        assert pending.status_code == unknown.status_code == 401
+        assert pending.json()["detail"] == unknown.json()["detail"]
+    with db.system() as uow:
+        tenant = uow.tenants.by_name(slug)
+        assert tenant is not None and tenant.status is m.TenantStatus.SUSPENDED
+        tenant_id = tenant.id
+    # an operator approves: resuming the organisation lets its admin in
+    assert operator.post(f"{API}/ops/tenants/{tenant_id}/resume").status_code == 200
+    with TestClient(console_app) as c:
+        r = c.post(f"{API}/login", json={"email": new_email, "password": PASSWORD})
+        assert r.status_code == 200, r.text
+        assert r.json()["tenant"]["id"] == str(tenant_id)
+
+
+def test_with_open_sign_ups_trying_registered_emails_is_throttled_like_passwords(  # type: ignore[no-untyped-def]
+        console_app, sign_up: SignUp) -> None:
+    """A registered email is a 409 (the organisation would work at once, so the answer must say), and each
+    such try counts against the client address's sign-in throttle: 5 tries at one email, then 429."""
+    known = sign_up()
+    with TestClient(console_app, client=("203.0.113.99", 40000)) as c:
+        codes = [_signup(c, known.email)[0].status_code for _ in range(6)]
+    assert codes == [409] * 5 + [429]
