@@ -144,6 +144,10 @@ class _Band:
     def waiting(self) -> int:
         return sum(len(q) for q in self.queues.values())
 
+    def weight(self) -> float:
+        """The weights of the tenants waiting in the band, summed."""
+        return sum(q[0].cls.weight for q in self.queues.values() if q)
+
 
 class _Rate:
     """An exponentially weighted rate of events per second (the queue's dispatches)."""
@@ -302,9 +306,9 @@ class ModelFlow:
             if band is None:
                 return own
         there = self._remote_backlog.get(band, 0.0)
-        queues = self._bands[band].queues if band in self._bands else {}
-        here = sum(q[0].cls.weight for q in queues.values() if q)
-        if arriving is not None and arriving.tenant not in queues:
+        mine = self._bands.get(band)
+        here = mine.weight() if mine is not None else 0.0
+        if arriving is not None and (mine is None or arriving.tenant not in mine.queues):
             here += arriving.cls.weight
         if there <= 0 or here <= 0:
             return own
@@ -372,8 +376,7 @@ class ModelFlow:
             of(tenant)["seen_s_ago"] = round(now - at, 3)
         for (tenant, reason), n in self.shed.items():
             of(tenant)["rejected"][reason] = n
-        backlog = {str(b.priority): sum(q[0].cls.weight for q in b.queues.values() if q)
-                   for b in self._bands.values() if b.queues}
+        backlog = {str(b.priority): b.weight() for b in self._bands.values() if b.queues}
         return {"model": self.model, "limit": self.capacity(), "limit_now": self.limit_now(),
                 "running": self.in_flight, "waiting": self.waiting,
                 "bands": {str(b.priority): b.waiting() for b in self._bands.values()},
