@@ -180,7 +180,9 @@ def _env(environ: Mapping[str, str], name: str) -> str | None:
 
 
 def parse_headers(raw: str) -> dict[str, str]:
-    """The specification's ``key1=value1,key2=value2`` (values URL-encoded); malformed pairs are skipped."""
+    """The specification's ``key1=value1,key2=value2`` (values URL-encoded); malformed pairs are skipped.
+    As ``opentelemetry.util.re.parse_env_headers(liberal=True)`` parses them, but silently: that one logs a
+    malformed pair's text, which may hold a credential."""
     out: dict[str, str] = {}
     for pair in raw.split(","):
         key, sep, value = pair.partition("=")
