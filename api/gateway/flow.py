@@ -170,6 +170,50 @@ class _Rate:
         self.value = inst if self.value is None else self.value + a * (inst - self.value)
 
 
+def _part_view(part: int | float | None) -> float | None:
+    return None if part is None else round(float(part), 2)
+
+
+class _FractionalSlot:
+    """A limit of ``x`` requests where ``x`` is not a whole number: ``floor(x)`` slots always, and one more
+    slot kept busy for ``x - floor(x)`` of the time. A request holds its slot until it ends, so the slot
+    is not opened and closed on a clock (a request started in an open moment would hold it for its whole
+    length): a credit, in seconds, grows by the fraction every second and shrinks by one every second the
+    slot is in use, and the slot takes a request only while the credit is positive. A request of ``d``
+    seconds in the slot is then followed by about ``d x (1 - f) / f`` seconds without one: busy ``f`` of
+    the time. The credit stays within [-:data:`DEBT_S`, :data:`CREDIT_S`]: idle time banks at most a
+    moment, and one very long request does not close the slot for minutes."""
+
+    CREDIT_S = 1.0
+    DEBT_S = 30.0
+
+    __slots__ = ("_at", "_fraction", "_whole", "credit")
+
+    def __init__(self) -> None:
+        self.credit = 0.0
+        self._at: float | None = None
+        self._whole = 0
+        self._fraction: float | None = None  # None: no fractional limit in force
+
+    def reset(self) -> None:
+        self.credit, self._at, self._fraction = 0.0, None, None
+
+    def tick(self, now: float, in_flight: int) -> None:
+        """Accounts for the time since the last tick, over which ``in_flight`` requests were upstream."""
+        if self._at is not None and self._fraction is not None:
+            used = 1.0 if in_flight > self._whole else 0.0
+            self.credit += (self._fraction - used) * max(now - self._at, 0.0)
+            self.credit = min(max(self.credit, -self.DEBT_S), self.CREDIT_S)
+        self._at = now
+
+    def limit(self, x: float, now: float, in_flight: int) -> int:
+        """The whole requests ``x`` allows now (``in_flight`` upstream)."""
+        self.tick(now, in_flight)
+        self._whole = whole = int(x)
+        self._fraction = x - whole
+        return whole + 1 if self._fraction > 0 and self.credit > 0 else whole
+
+
 class ModelFlow:
     """One model's queue in this process. ``capacity()``: requests the pools should hold now, or None."""
 
@@ -201,6 +245,7 @@ class ModelFlow:
         self._remote_top: int | None = None  # the highest band with requests waiting in another process
         self._remote_limits = 0  # the other processes' learned limits for the model, summed
         self._remote_backlog: dict[int, float] = {}  # band -> weights of the tenants waiting there, summed
+        self._part = _FractionalSlot()  # the last slot of this process's part of the processes' limits
         # Jain's index over the tenants backlogged since the last reading: their weighted service then
         self._window_service: dict[uuid.UUID, float] = {}
         self._window_backlog: dict[uuid.UUID, int] = {}  # tenant -> band
@@ -254,6 +299,7 @@ class ModelFlow:
         if ticket.state != "running":
             return
         ticket.state = "done"
+        self._part.tick(self.clock(), self.in_flight)
         self.in_flight -= 1
         if ticket.sparse:
             self.sparse_in_flight -= 1
@@ -296,8 +342,19 @@ class ModelFlow:
         weighted part of every process's limits together: ``sum of limits x W_here / (W_here + W_there)``,
         W the weights of the tenants waiting in the band (here: with an ``arriving`` request's tenant).
         Two tenants each pinned to its own gateway then share the model by weight as they would in one
-        process, and the engines see the same total. While no other process has a backlog in the band (or
-        there is no view of the others), the learned limit alone."""
+        process, and the engines see the same total. A part that is not a whole number of requests is held
+        as whole requests plus one slot used for the fraction of the time (:class:`_FractionalSlot`): limits
+        of 1 to 3 requests, as on a CPU host, split 2:1 as well as limits of tens. While no other process has
+        a backlog in the band (or there is no view of the others), the learned limit alone."""
+        part = self.part_now(band, arriving=arriving)
+        if part is None or isinstance(part, int):
+            self._part.reset()
+            return part
+        return self._part.limit(part, self.clock(), self.in_flight)
+
+    def part_now(self, band: int | None = None, *, arriving: Ticket | None = None) -> int | float | None:
+        """What :meth:`limit_now` holds to: the learned limit (an int), or this process's weighted part of
+        every process's limits (a float), or None (no view)."""
         own = self.capacity()
         if own is None or not self._remote_limits:
             return own
@@ -312,7 +369,7 @@ class ModelFlow:
             here += arriving.cls.weight
         if there <= 0 or here <= 0:
             return own
-        return max(1, round((own + self._remote_limits) * here / (here + there)))
+        return (own + self._remote_limits) * here / (here + there)
 
     def first_token(self, ttft_s: float) -> None:
         """The upstream's measured time to first token of a request (for the predicted TTFT)."""
@@ -378,7 +435,7 @@ class ModelFlow:
             of(tenant)["rejected"][reason] = n
         backlog = {str(b.priority): b.weight() for b in self._bands.values() if b.queues}
         return {"model": self.model, "limit": self.capacity(), "limit_now": self.limit_now(),
-                "running": self.in_flight, "waiting": self.waiting,
+                "part": _part_view(self.part_now()), "running": self.in_flight, "waiting": self.waiting,
                 "bands": {str(b.priority): b.waiting() for b in self._bands.values()},
                 "backlog_weight": backlog,
                 "dispatch_per_s": self._dispatch_rate.value, "upstream_ttft_s": self.ttft_s,
@@ -486,6 +543,7 @@ class ModelFlow:
                 ticket._future.set_result(None)
 
     def _start(self, ticket: Ticket, *, waited_s: float, sparse: bool = False) -> None:
+        self._part.tick(self.clock(), self.in_flight)
         ticket.state = "running"
         ticket.waited_s = waited_s
         ticket.sparse = sparse

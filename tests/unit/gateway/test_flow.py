@@ -430,9 +430,11 @@ def test_other_processes_limits_and_backlogged_weights_add_up() -> None:
 
 async def test_tenants_pinned_to_different_processes_share_every_processs_limits_by_weight() -> None:
     """A (weight 2) waits here, a weight-1 tenant waits in another process, each process learned a limit of 4:
-    this process may hold 8 x 2/3 = 5 upstream; the other's view takes 8 x 1/3. Once the other process has
+    this process may hold 8 x 2/3 = 5.33 upstream: 5 at once (the clock stands still here: the sixth slot's
+    third of the time is the next test's); the other's view takes 8 x 1/3. Once the other process has
     nothing waiting in the band, this process's own limit again."""
-    f = ModelFlow("m", Room(4), FlowSettings(sparse_burst=0.0))
+    frozen = lambda: 100.0  # noqa: E731
+    f = ModelFlow("m", Room(4), FlowSettings(sparse_burst=0.0), clock=frozen)
     f.merge_remote(RemoteFigures(limits=[4], backlog={50: 1.0}, waiting={50: 6}))
     tickets = [Ticket(A, FlowClass(weight=2.0), 10) for _ in range(12)]
     tasks = [asyncio.create_task(f.enter(t)) for t in tickets]
@@ -445,13 +447,56 @@ async def test_tenants_pinned_to_different_processes_share_every_processs_limits
         f.leave(t, 1)
     await settle()
     assert f.in_flight == 4  # the next ones go by the own limit now
-    # the weight-1 side: the other process's 2 against this one's 1 leaves it 8 x 1/3 = 3
-    g = ModelFlow("m", Room(4), FlowSettings(sparse_burst=0.0))
+    # the weight-1 side: the other process's 2 against this one's 1 leaves it 8 x 1/3 = 2.67: 2 at once
+    g = ModelFlow("m", Room(4), FlowSettings(sparse_burst=0.0), clock=frozen)
     g.merge_remote(RemoteFigures(limits=[4], backlog={50: 2.0}, waiting={50: 6}))
     light = [Ticket(B, FlowClass(weight=1.0), 10) for _ in range(6)]
     more = [asyncio.create_task(g.enter(t)) for t in light]
     await settle()
-    assert g.in_flight == 3
+    assert g.in_flight == 2
     for t in tasks + more:
         t.cancel()
     await settle()
+
+
+async def test_a_part_of_one_or_two_requests_is_kept_by_time() -> None:
+    """Both processes learned a limit of 1 (a CPU host under load): the weight-2 side's part is 2 x 2/3 =
+    1.33 requests, the weight-1 side's 0.67. Each keeps its tenant's 8 streams waiting; a request takes
+    2.5 s upstream and its stream sends the next at once. Over 10 minutes the time-averaged requests
+    upstream come out at the parts, 2:1 (whole-number limits gave 1 and 1)."""
+    now = [0.0]
+    clock = lambda: now[0]  # noqa: E731
+
+    async def run(weight: float, other: float) -> float:
+        now[0] = 0.0
+        view = RemoteFigures(limits=[1], backlog={50: other}, waiting={50: 8})
+        f = ModelFlow("m", Room(1), FlowSettings(sparse_burst=0.0), clock=clock)
+        f.merge_remote(view)
+        tickets = [Ticket(A, FlowClass(weight=weight), 10) for _ in range(8)]
+        tasks = [asyncio.create_task(f.enter(t)) for t in tickets]
+        await settle()
+        ends: dict[int, float] = {}
+        area, step = 0.0, 0.1
+        for tick in range(1, 6001):
+            for t in tickets:
+                if t.state == "running" and id(t) not in ends:
+                    ends[id(t)] = now[0] + 2.5
+            area += f.in_flight * step
+            now[0] = tick * step
+            for i, t in enumerate(tickets):
+                if t.state == "running" and ends.get(id(t), 1e9) <= now[0] + 1e-9:
+                    del ends[id(t)]
+                    f.leave(t, 8)
+                    tickets[i] = Ticket(A, FlowClass(weight=weight), 10)  # the stream's next request
+                    tasks.append(asyncio.create_task(f.enter(tickets[i])))
+            if tick % 10 == 0:
+                f.merge_remote(view)  # each second's view of the other process
+            await settle()
+        for task in tasks:
+            task.cancel()
+        await settle()
+        return area / now[0]
+
+    heavy, light = await run(2.0, 1.0), await run(1.0, 2.0)
+    assert heavy == pytest.approx(4 / 3, rel=0.08) and light == pytest.approx(2 / 3, rel=0.08)
+    assert heavy / light == pytest.approx(2.0, rel=0.1)
