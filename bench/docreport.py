@@ -346,13 +346,20 @@ def _pd(d: dict[str, Any]) -> str:
             rows.append([arm, _rate(r["request_rate"]), _okfail(r), _ms(r["ttft_ms"], "p50"), _ms(r["ttft_ms"], "p90"),
                          _ms(r["ttft_ms"], "p99"), _ms(r["tpot_ms"], "p90", 2), _ms(r["itl_ms"], "p99", 2),
                          _ms(s["itl_ms"], "p99", 2), _ms(s["ttft_ms"], "p90"), _ms(lg["ttft_ms"], "p90"),
-                         f"{_num(r.get('goodput'), 2)} req/s", _pct(r.get("goodput_fraction"))])
+                         f"{_num(r.get('goodput'), 2)} req/s", _pct(r.get("goodput_fraction")), _kv_reads(r.get("kv"))])
     head = (f"{c['num_prompts']} requests per arm and rate, {_pct(c['long_fraction'])} with {c['long_len']:,}-token "
             f"prompts, the rest {c['short_len']:,}, {c['output_len']} output tokens; SLO {_slo(d['slo_ms'])} "
             "(failures are misses); ms:\n\n")
     return head + _rows(["arm", "rate", "ok/fail", "TTFT p50", "TTFT p90", "TTFT p99", "TPOT p90", "ITL p99",
-                         "short-prompt ITL p99", "short TTFT p90", "long TTFT p90", "goodput", "within SLO"],
-                        rows) + _pd_prediction(d.get("prediction") or {}, c)
+                         "short-prompt ITL p99", "short TTFT p90", "long TTFT p90", "goodput", "within SLO",
+                         "KV reads (failed, lease expired)"], rows) + _pd_prediction(d.get("prediction") or {}, c)
+
+
+def _kv_reads(kv: dict[str, int] | None) -> str:
+    """A P/D run's KV reads on the decode engine (results from before they were counted have none)."""
+    if not kv:
+        return ""
+    return f"{kv['transfers']:,} ({kv['failed_transfers']:,}, {kv['expired_leases']:,})"
 
 
 def _pd_prediction(pred: dict[str, Any], c: dict[str, Any]) -> str:

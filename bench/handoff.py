@@ -123,8 +123,18 @@ NIXL_METRICS = ("vllm:nixl_xfer_time_seconds_sum", "vllm:nixl_xfer_time_seconds_
 
 
 def nixl_config() -> str:
-    return json.dumps({"kv_connector": "NixlConnector", "kv_role": "kv_both", "kv_buffer_device": "cpu",
-                       "kv_connector_extra_config": {"backends": ["UCX"]}})
+    """The P/D engines' ``--kv-transfer-config``: the connector Baton's deployments run on a CPU host
+    (:func:`baton.dataplane.render.kv_transfer_config`: vLLM's NixlConnector with Baton's transfer
+    timing, NIXL's progress thread woken by its events, a pause before an empty engine step while KV is
+    held or awaited, KV that fails to load recomputed). vLLM's bare connector busy-steps a prefill engine
+    that holds KV, and on two cores that can starve its own handshake listener until the KV lease (30 s)
+    runs out: the benchmarks measure P/D as Baton serves it, not that."""
+    from baton.dataplane import render
+    from baton.dataplane.spec import DeploymentSpec
+
+    spec = DeploymentSpec(name="bench", model={"path": ".", "served_name": "bench"}, mode="pd",
+                          kv={"connector": "nixl"})
+    return json.dumps(render.kv_transfer_config(spec, "prefill"))
 
 
 def start_pd_pair(model_dir: Path, *, served_name: str, kv_cache_gib: int = 1, max_model_len: int = 4096,
@@ -206,7 +216,7 @@ def run_shape(cfg: HandoffConfig, shape_name: str, *, memcpy_Bps: float, link_Bp
     folder = model_dir_for(shape_name, cfg.state_dir, cfg.seed)
     shape = model_shape(folder)
     tok = HFTokenizer(folder)
-    log(f"{shape_name}: starting prefill and decode engines with NixlConnector on {folder}")
+    log(f"{shape_name}: starting prefill and decode engines with Baton's NIXL connector on {folder}")
     p, purl, d, durl = start_pd_pair(folder, served_name=shape_name, kv_cache_gib=cfg.kv_cache_gib,
                                      tag=f"-{shape_name}")
     rows = []

@@ -112,6 +112,31 @@ def _load(arm: str, send_or_targets: Any, samples: list[SampleRequest], rate: fl
     return out
 
 
+#: The NIXL counters a P/D run reports (:func:`_kv_counts`), by the engine that keeps each: the decode
+#: engine's KV reads and the reads that failed (the prompt is then recomputed: the request still
+#: completes), the prefill engine's requests whose KV lease ran out before the decode side read it.
+KV_COUNTS = {"transfers": ("decode", "vllm:nixl_xfer_time_seconds_count"),
+             "failed_transfers": ("decode", "vllm:nixl_num_failed_transfers_total"),
+             "expired_leases": ("prefill", "vllm:nixl_num_kv_expired_reqs_total")}
+
+
+def _kv_counts(urls: dict[str, str], *, since: dict[str, int] | None = None) -> dict[str, int]:
+    """:data:`KV_COUNTS` from the engines at ``urls`` (role -> base URL), or their growth ``since`` an
+    earlier reading."""
+    import httpx
+
+    from baton.bench.handoff import parse_metrics
+
+    # vLLM exports its KV-connector stats with the next engine step's: read once they have settled.
+    time.sleep(1.0)
+    now = {}
+    for role, url in urls.items():
+        names = tuple(name for r, name in KV_COUNTS.values() if r == role)
+        got = parse_metrics(httpx.get(f"{url}/metrics", timeout=30).text, names)
+        now.update({key: int(got[name]) for key, (r, name) in KV_COUNTS.items() if r == role})
+    return {k: v - (since or {}).get(k, 0) for k, v in now.items()}
+
+
 def run_pd(cfg: PdConfig, *, log: Log = print, progress: ProgressFactory | None = None) -> dict[str, Any]:
     slo = stats.parse_goodput(cfg.goodput)
     folder = model_dir_for(cfg.shape, cfg.state_dir, cfg.seed)
@@ -140,14 +165,19 @@ def run_pd(cfg: PdConfig, *, log: Log = print, progress: ProgressFactory | None 
         out["arms"]["aggregated"] = [_load("aggregated", targets, samples, r, cfg, slo=slo, progress=progress)
                                      for r in cfg.request_rates]
 
-    log("P/D 1:1: prefill and decode engines with NixlConnector, one core each")
+    log("P/D 1:1: prefill and decode engines with Baton's NIXL connector, one core each")
     p, purl, d, durl = start_pd_pair(folder, served_name=name, tag="-pd")
     try:
         decode = client.Target(base_url=f"{durl}/v1", model=name, endpoint="completions", name="pd")
         send = pd_sender(purl, decode)
+        engines_pd = {"prefill": purl, "decode": durl}
         client.run(client.run_requests(send, warm, max_concurrency=1))
-        out["arms"]["pd"] = [_load("pd 1:1", send, samples, r, cfg, slo=slo, progress=progress)
-                             for r in cfg.request_rates]
+        out["arms"]["pd"] = []
+        for rate in cfg.request_rates:
+            before = _kv_counts(engines_pd)
+            run = _load("pd 1:1", send, samples, rate, cfg, slo=slo, progress=progress)
+            run["kv"] = _kv_counts(engines_pd, since=before)
+            out["arms"]["pd"].append(run)
     finally:
         d.stop()
         p.stop()

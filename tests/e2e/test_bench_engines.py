@@ -45,8 +45,10 @@ def test_pd_serves_the_same_mix_both_ways_and_the_planner_predicts(tmp_path: Pat
     assert set(r["arms"]) >= {"aggregated"} and len(r["arms"]) == 2
     for arm, runs in r["arms"].items():
         [run] = runs
-        assert (run["completed"], run["failed"]) == (4, 0), (arm, run)
+        assert (run["completed"], run["failed"]) == (4, 0), (arm, run["errors"], run)
         assert run["by_kind"]["long"]["completed"] == 1 and run["by_kind"]["short"]["completed"] == 3
+    [pd_run] = r["arms"]["pd"]
+    assert pd_run["kv"]["transfers"] > 0, pd_run["kv"]  # the decode engine read the prompts' KV over NIXL
     pred = r["prediction"]
     assert "error" not in pred, pred
     assert pred["by_rate"][0]["recommended"]

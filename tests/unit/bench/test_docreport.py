@@ -132,7 +132,9 @@ def _pd() -> dict[str, Any]:
                "pd 1:1": {"goodput_per_gpu": 1.02, "goodput_two_cores": 2.04, "bottleneck": "prefill",
                           "at_rate": {"rate_per_unit": 2.0, "ttft_ms": 2000.0, "tpot_ms": 8.0, "ok": False}}}
     return {"benchmark": "pd", "config": dataclasses.asdict(PdConfig()), "slo_ms": slo,
-            "arms": {"aggregated": [run(1.0, 0.082, 0)], "pd": [run(1.0, 1.591, 2)]},
+            "arms": {"aggregated": [run(1.0, 0.082, 0)],
+                     "pd": [{**run(1.0, 1.591, 2),
+                             "kv": {"transfers": 1200, "failed_transfers": 1, "expired_leases": 0}}]},
             "prediction": {"hardware": {"prefill_tokens_per_s": 2461.0, "decode_step_ms": 7.8}, "calibrated": True,
                            "notes": [], "by_rate": [{"request_rate": 2.0, "recommended": "aggregated", "reason": "",
                                                      "transfer_lower_bound_ms": 0.1, "configs": configs}]}}
@@ -233,8 +235,8 @@ def test_handoff_efficiency_judged_from_the_target_length(tmp_path: Path) -> Non
 def test_pd_arms_by_rate_and_the_planners_prediction(tmp_path: Path) -> None:
     text = _render(tmp_path, "pd", _pd())
     assert ("| aggregated | 1 | 8/0 | 82.0 | 82.0 | 82.0 | 20.00 | 20.00 | 21.00 | 82.0 | 707.1 | 0.80 req/s | "
-            "100% |") in text
-    assert "| pd | 1 | 8/2 | 1,591.0 |" in text and "| 80% |" in text
+            "100% |  |") in text  # an aggregated run reads no KV
+    assert "| pd | 1 | 8/2 | 1,591.0 |" in text and "| 80% | 1,200 (1, 0) |" in text
     assert "| 2 | aggregated | 4.09 | 1,279.0 | 20.50 | yes | **yes** |" in text
     assert "| 2 | pd 1:1 | 2.04 | 2,000.0 | 8.00 | **no** |  |" in text
     assert "prefill 2,461 tokens/s, decode step 7.8 ms" in text and "ttft <= 2000 ms" in text
