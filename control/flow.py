@@ -58,6 +58,7 @@ class FlowProcessModel:
 
     process: str
     limit: int | None
+    part: float | None  #: its weighted part of every process's limits, while one is in force
     running: int
     waiting: int
     dispatch_per_s: float | None
@@ -161,7 +162,8 @@ def merge_flow_views(views: Iterable[ProcessView],
             if rate is not None:
                 m["dispatch"] = (m["dispatch"] or 0.0) + rate
             m["processes"].append(FlowProcessModel(
-                process=process, limit=limit, running=_int(view.get("running")), waiting=_int(view.get("waiting")),
+                process=process, limit=limit, part=_opt_float(view.get("part")), running=_int(view.get("running")),
+                waiting=_int(view.get("waiting")),
                 dispatch_per_s=rate, upstream_ttft_s=_opt_float(view.get("upstream_ttft_s")),
                 gradient=_opt_float(view.get("gradient")), tpot_floor_s=_opt_float(view.get("tpot_floor_s")),
                 tpot_s=_opt_float(view.get("tpot_s"))))

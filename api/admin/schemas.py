@@ -444,6 +444,9 @@ class FlowTenantPublic(_Out):
 class FlowProcessPublic(_Out):
     process: str = Field(description="The gateway process (`host:pid`).")
     limit: int | None = Field(description="Its learned concurrency limit (null: no view yet, limits only).")
+    part: float | None = Field(None, description="While a band has tenants waiting both in this process and in "
+                               "another: its weighted part of every process's limits, in requests (whole ones "
+                               "plus a slot kept busy for the fraction of the time); null: its own limit applies.")
     running: int
     waiting: int
     dispatch_per_s: float | None = Field(description="Requests started per second (moving average).")

@@ -171,7 +171,8 @@ class _Rate:
 
 
 def _part_view(part: int | float | None) -> float | None:
-    return None if part is None else round(float(part), 2)
+    """A split part for the view (None while the process's own limit applies)."""
+    return round(part, 2) if isinstance(part, float) else None
 
 
 class _FractionalSlot:

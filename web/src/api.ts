@@ -206,6 +206,7 @@ export interface FlowTenant {
 export interface FlowProcess {
   process: string;
   limit: number | null;
+  part: number | null;
   running: number;
   waiting: number;
   dispatch_per_s: number | null;

@@ -101,7 +101,10 @@ function ModelQueue({ m }: { m: FlowModel }) {
                 <th scope="row">
                   <code>{p.process}</code>
                 </th>
-                <td>{p.limit === null ? "none yet" : fmtInt(p.limit)}</td>
+                <td>
+                  {p.limit === null ? "none yet" : fmtInt(p.limit)}
+                  {p.part === null ? "" : ` (part ${p.part.toFixed(2)})`}
+                </td>
                 <td>{fmtInt(p.running)}</td>
                 <td>{fmtInt(p.waiting)}</td>
                 <td>{p.dispatch_per_s === null ? "–" : p.dispatch_per_s.toFixed(2)}</td>

@@ -26,7 +26,7 @@ VIEWS = [
     ]),
     ("gw-a:1", [
         {"model": "m", "limit": 4, "running": 3, "waiting": 2, "bands": {"80": 1, "50": 1}, "dispatch_per_s": 2.0,
-         "upstream_ttft_s": 0.2, "gradient": 1.1, "tpot_floor_s": 0.01, "tpot_s": 0.012,
+         "upstream_ttft_s": 0.2, "gradient": 1.1, "tpot_floor_s": 0.01, "tpot_s": 0.012, "part": 4.67,
          "tenants": [_tenant(T1, running=2, waiting=1, prompt_tokens=300, completion_tokens=100, queued_s=1.5,
                              rejected={"queue_full": 1}),
                      _tenant(T2, running=1, waiting=1, prompt_tokens=100, queued_s=0.5),
@@ -47,6 +47,7 @@ def test_views_add_up_per_model_band_and_tenant() -> None:
     assert [(b.priority, b.waiting) for b in m.bands] == [(80, 1), (50, 1)]
     assert m.rejected == {"queue_full": 3, "ttl": 1}
     assert [p.process for p in m.processes] == ["gw-a:1", "gw-b:2"] and m.processes[0].gradient == 1.1
+    assert [p.part for p in m.processes] == [4.67, None]  # a split part where one is in force
     t1, t2 = m.tenants
     assert (t1.tenant_id, t1.tenant_name, t1.display_name) == (T1, "acme", "Acme")
     assert (t1.running, t1.waiting, t1.prompt_tokens, t1.completion_tokens) == (3, 1, 400, 300)

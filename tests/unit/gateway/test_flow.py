@@ -441,8 +441,9 @@ async def test_tenants_pinned_to_different_processes_share_every_processs_limits
     await settle()
     assert f.limit_now() == 5 and f.in_flight == 5 and f.waiting == 7
     assert f.snapshot()["backlog_weight"] == {"50": 2.0} and f.snapshot()["limit"] == 4
+    assert f.snapshot()["part"] == 5.33
     f.merge_remote(RemoteFigures(limits=[4], backlog={}, waiting={}))
-    assert f.limit_now() == 4
+    assert f.limit_now() == 4 and f.snapshot()["part"] is None
     for t in [t for t in tickets if t.state == "running"]:
         f.leave(t, 1)
     await settle()
