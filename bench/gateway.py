@@ -358,7 +358,7 @@ CPU_MS_PER_TOKEN = 0.02
 
 
 def headline(res: dict[str, Any]) -> dict[str, Any]:
-    """The figures DESIGN.md's targets name, from the concurrency-1 round (or the first)."""
+    """The figures the targets (docs/architecture.md) name, from the concurrency-1 round (or the first)."""
     h: dict[str, Any] = {}
     rounds = res.get("rounds") or []
     r1 = next((r for r in rounds if r["concurrency"] == 1), rounds[0] if rounds else None)

@@ -15,7 +15,7 @@ from typing import Any
 
 from baton.bench import report
 
-#: DESIGN.md's idle targets (share of one core).
+#: The idle targets (docs/architecture.md) (share of one core).
 ENGINE_TARGET = 0.05
 STACK_TARGET = 0.25
 

@@ -10,7 +10,7 @@ exactly once: one request record each, one usage record for each metered one. A 
 back-pressure (the gateway answers 503 to new requests then), counted here as time waited, never as a
 record dropped.
 
-Targets (DESIGN.md): >= 20,000 records/s, batched; 0 lost across a Postgres outage.
+Targets (docs/architecture.md): >= 20,000 records/s, batched; 0 lost across a Postgres outage.
 """
 
 from __future__ import annotations

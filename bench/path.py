@@ -43,7 +43,7 @@ ProgressFactory = Callable[[str, int], Callable[[stats.RequestResult], None]]
 ARMS = ("engine", "serve-agg", "serve-pd", "baton-agg", "baton-pd")
 HOPS = ("gateway", "to decode server", "decode server, before prefill", "remote prefill call",
         "decode server, prefill to decode", "KV transfer (NIXL)", "first decode step", "back to the client")
-#: DESIGN.md's targets for this path (ms, ratios).
+#: The targets for this path (docs/architecture.md) (ms, ratios).
 TARGETS = {"baton_pd_added_ttft_p50_ms": 15.0, "baton_agg_added_ttft_p50_ms": 3.0,
            "pd_saturation_vs_engine": 0.5, "itl_p50_within": 0.10}
 
@@ -377,7 +377,7 @@ def _ratio(a: float, b: float) -> float | None:
 
 
 def targets_met(result: dict[str, Any]) -> dict[str, Any]:
-    """Each of DESIGN.md's path targets next to the measured figure (concurrency 1)."""
+    """Each of the path targets (docs/architecture.md) next to the measured figure (concurrency 1)."""
     c1 = result.get("concurrency", {}).get("1", {})
     out: dict[str, Any] = {}
 

@@ -6,7 +6,7 @@ released again as the gateway releases it (``finish``, off the request's path). 
 every decision takes the admitting path, the most work per call. The figure is decisions per second
 summed over the processes and each decision's latency as its caller waited for it.
 
-Target (DESIGN.md): >= 20,000 decisions/s on one Redis, several gateway processes.
+Target (docs/architecture.md): >= 20,000 decisions/s on one Redis, several gateway processes.
 """
 
 from __future__ import annotations

@@ -7,7 +7,7 @@ which would keep it for ``gateway.key_cache_ttl_s``), then revoked through the s
 is polled until it answers 401. The figure per revocation is from the start of ``revoke`` (the database
 write included) until the last process refused the key.
 
-Target (DESIGN.md): < 1 s at p99 over 100 revocations, seen by every gateway process.
+Target (docs/architecture.md): < 1 s at p99 over 100 revocations, seen by every gateway process.
 """
 
 from __future__ import annotations

@@ -5,7 +5,7 @@ Pure bookkeeping (no I/O), so that it can be tested with synthetic streams. The 
 harness itself dropped the connection); :meth:`Ledger.check` judges each against the undisturbed
 baseline of its prompt and sums the verdicts into a :class:`LedgerSummary`.
 
-Final states (exactly one per request, see DESIGN.md "Recovery ladder"):
+Final states (exactly one per request, see docs/architecture.md, "Recovery ladder"):
 
 - ``completed``: HTTP 200, a ``finish_reason``, ``[DONE]``, no error event.
 - ``failed``: an error the client can read: a non-200 with an OpenAI error body, or an SSE ``error``

@@ -1,6 +1,6 @@
 """Tracing, set up once per process and passed down.
 
-Baton's spans (DESIGN.md, "A request, end to end"): ``gateway.request`` with ``gateway.auth`` and
+Baton's spans (docs/architecture.md, "A request, end to end"): ``gateway.request`` with ``gateway.auth`` and
 ``gateway.ratelimit``; ``dataplane.prefill``, ``dataplane.kv_handoff``, ``dataplane.decode``; and one
 ``recovery.<step>`` per step of the recovery ladder. Attributes follow OpenTelemetry's gen_ai
 conventions plus ``baton.*``; never key material, never prompt text unless a tenant allows it.
