@@ -12,8 +12,9 @@ Phases, each ``duration_s`` long, ``gap_s`` apart (the queue drains in between):
   ``b_interval_s``, open loop: the next one leaves on schedule whether the last has ended or not.
 - ``a_flood_b``: tenant A keeps ``a_concurrency`` long streams in flight (~300 words, each prompt its own
   text so that no prefix cache hides its prefill, ``max_tokens`` 128), closed loop, and as a flooder it
-  ignores ``Retry-After`` (a refused worker sends again after ``a_retry_pause_s``); A starts ``lead_s``
-  before B's window so that every B request meets a full queue. B runs as in ``b_alone``, in the same
+  ignores ``Retry-After`` (a refused worker sends again after ``a_retry_pause_s``); or, with ``a_rate``,
+  sends such a request every ``1 / a_rate`` s, open loop, whatever the earlier ones got. A starts
+  ``lead_s`` before B's window so that every B request meets a full queue. B runs as in ``b_alone``, in the same
   band (both policies priority ``ab_priority``, 50 as for a tenant without a policy).
 - ``bands``: one tenant per :class:`BandSpec` (default priority 90 with 1 stream, 50 with 4 and 10 with
   12, the last ``sheddable``), each with its medium streams in flight (``band_concurrency`` for a band
@@ -131,6 +132,10 @@ class FairnessConfig:
     b_prompt_words: int = 20
     b_max_tokens: int = 16
     a_concurrency: int = 16
+    a_rate: float | None = None
+    """A's offer as an open loop instead: a request every ``1 / a_rate`` s, on schedule whatever the
+    earlier ones got (an offer past what the pools serve, which no closed loop can make: its streams
+    wait for their answers). None: ``a_concurrency`` streams, closed loop."""
     a_prompt_words: int = 300
     a_max_tokens: int = 128
     a_retry_pause_s: float = 0.05
@@ -873,7 +878,7 @@ def drivers(cfg: FairnessConfig, phase: str, secrets: Mapping[str, str]) -> list
         a = Driver(tenant="a", phase=phase, api_key=secrets["a"], prompt_words=cfg.a_prompt_words,
                    max_tokens=cfg.a_max_tokens, window_s=cfg.lead_s + cfg.duration_s,
                    concurrency=cfg.a_concurrency, honour_retry_after=False, retry_pause_s=cfg.a_retry_pause_s,
-                   url=chat_url(cfg, "a"), **common)
+                   interval_s=1.0 / cfg.a_rate if cfg.a_rate else None, url=chat_url(cfg, "a"), **common)
         return [a, b(cfg.lead_s)]
     if phase == "bands":
         return [Driver(tenant=band.name, phase=phase, api_key=secrets[band.name],

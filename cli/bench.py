@@ -670,6 +670,11 @@ def fairness(  # noqa: PLR0917 - typer options
     a_concurrency: Annotated[int, typer.Option(
         "--a-concurrency", min=1, help="Tenant A's long streams in flight (closed loop, Retry-After ignored).")]
     = 16,
+    a_rate: Annotated[float | None, typer.Option(
+        "--a-rate", min=0.01, show_default=False,
+        help="Tenant A's offer as an open loop instead: this many long requests per second, on schedule "
+        "whatever the earlier ones got (an offer past what the model serves; --a-concurrency is then "
+        "unused).")] = None,
     band_concurrency: Annotated[int | None, typer.Option(
         "--band-concurrency", min=1, show_default=False,
         help="Streams in flight per tenant of the bands phase (default --a-concurrency // 2).")] = None,
@@ -751,7 +756,8 @@ def fairness(  # noqa: PLR0917 - typer options
              BandSpec("low", 10, low_ttft_ms, sheddable=True, streams=streams["low"]))
     cfg = FairnessConfig(base_url=base_url, second_url=second_gateway, admin_token=token, model=model,
                          duration_s=duration_s, phases=phases,
-                         b_interval_s=b_interval_s, a_concurrency=a_concurrency, band_concurrency=band_concurrency,
+                         b_interval_s=b_interval_s, a_concurrency=a_concurrency, a_rate=a_rate,
+                         band_concurrency=band_concurrency,
                          share_concurrency=share_concurrency,
                          lead_s=lead_s, gap_s=gap_s, a_retry_pause_s=a_retry_pause_s, ab_ttft_ms=ab_ttft_ms,
                          bands=bands, request_timeout_s=request_timeout_s, warmup_requests=warmup,

@@ -19,8 +19,10 @@ decides who goes upstream next:
   two backlogged tenants by about twice the largest request's cost (``w_p * L_in + w_q * L_out``): a
   heavy tenant cannot starve a light one. VTC over deficit round robin or weighted fair queueing
   because those need a request's cost up front, and the generated length is unknown until it ends.
-- **Bounds**: at most ``queue_max`` requests wait per model. A full queue turns away the lowest band's
-  newest waiter for a higher-band arrival, else the arrival; a request that waited ``ttl_s`` leaves.
+- **Bounds**: at most ``queue_max`` requests wait per model. A full queue makes room for a higher-band
+  arrival, and for an arrival whose tenant has fewer requests waiting than its band's longest queue (the
+  longest queue drops its newest: :meth:`ModelFlow._place_for`), else turns the arrival away; a request
+  that waited ``ttl_s`` leaves.
   Both are 429 with ``Retry-After`` (back-pressure); 503 only when nothing can serve (no room at all
   for the whole wait).
 - **Shedding**: a ``sheddable`` request whose predicted TTFT (the wait ahead of it at the measured
@@ -478,18 +480,18 @@ class ModelFlow:
                     f"The model `{self.model}` is overloaded: a request of class `{cls.name}` would wait past its "
                     f"TTFT target ({cls.ttft_ms} ms). Retry later.", reason="slo", retry_after_s=self.retry_after_s())
         if self.waiting >= self.settings.queue_max:
-            lowest = min((b for b in self._bands.values() if b.queues), key=lambda b: b.priority)
-            if lowest.priority >= cls.priority:
+            victim = self._place_for(ticket)
+            if victim is None:
                 self._rejected(ticket, "queue_full")
                 raise FlowRejected(
                     f"The model `{self.model}` is overloaded: {self.waiting} requests are waiting. Retry later.",
                     reason="queue_full", retry_after_s=self.retry_after_s())
-            victim = max((q[-1] for q in lowest.queues.values()), key=lambda t: t.enqueued)
             self._remove(victim)
             self._rejected(victim, "queue_full")
             if victim._future is not None and not victim._future.done():
                 victim._future.set_exception(FlowRejected(
-                    f"The model `{self.model}` is overloaded: higher-priority requests took the queue. Retry later.",
+                    f"The model `{self.model}` is overloaded: its queue is full, and this request gave its place to "
+                    "a request of a higher priority or of a tenant with fewer requests waiting. Retry later.",
                     reason="queue_full", retry_after_s=self.retry_after_s()))
         band = self._bands.get(cls.priority)
         if band is None:
@@ -569,6 +571,23 @@ class ModelFlow:
         self._counters[tenant] = self._counters.get(tenant, 0.0) + cost
         self._served[tenant] = self._served.get(tenant, 0.0) + cost
         self._window_service[tenant] = self._window_service.get(tenant, 0.0) + cost
+
+    def _place_for(self, ticket: Ticket) -> Ticket | None:
+        """With the queue full, the waiting request an arrival takes the place of, or None (the arrival is
+        turned away). The lowest band with requests waiting gives up one if it is below the arrival's; in the
+        arrival's own band, the tenant with the most requests waiting gives one up while it has more than the
+        arrival's tenant would then have (the longest queue drops first, as in fair queueing: a tenant that
+        floods fills the queue with its own requests, and another tenant's arrival still finds a place).
+        Either way the request given up is its tenant's newest."""
+        lowest = min((b for b in self._bands.values() if b.queues), key=lambda b: b.priority)
+        if lowest.priority > ticket.cls.priority:
+            return None
+        tenant, queue = max(lowest.queues.items(), key=lambda kv: (len(kv[1]), self.counter(kv[0])))
+        if lowest.priority == ticket.cls.priority:
+            mine = len(lowest.queues.get(ticket.tenant, ()))
+            if tenant == ticket.tenant or len(queue) <= mine + 1:
+                return None
+        return queue[-1]
 
     def _remove(self, ticket: Ticket) -> None:
         if ticket.state != "waiting":

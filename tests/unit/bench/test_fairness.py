@@ -528,3 +528,13 @@ def test_unknown_phase_and_missing_token_are_refused() -> None:
         asyncio.run(fb.run_async(fb.FairnessConfig(admin_token="x", phases=("nope",))))
     with pytest.raises(ValueError, match="admin token"):
         asyncio.run(fb.run_async(fb.FairnessConfig()))
+
+
+def test_a_can_offer_an_open_loop_past_what_the_model_serves() -> None:
+    secrets = {"a": "k", "b": "k"}
+    closed = {d.tenant: d for d in fb.drivers(fb.FairnessConfig(), "a_flood_b", secrets)}
+    assert closed["a"].interval_s is None and closed["a"].concurrency == 16
+    opened = {d.tenant: d for d in fb.drivers(fb.FairnessConfig(a_rate=20.0), "a_flood_b", secrets)}
+    assert opened["a"].interval_s == 0.05 and not opened["a"].honour_retry_after
+    assert opened["b"].interval_s == 0.5  # B as ever
+    assert fb.config_dict(fb.FairnessConfig(a_rate=20.0))["a_rate"] == 20.0

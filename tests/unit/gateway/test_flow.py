@@ -133,17 +133,43 @@ async def test_streams_count_by_generated_tokens_as_they_flow() -> None:
     assert f.counter(A) == pytest.approx(before + 200) and f.served_tokens[A] == [10, 100]
 
 
-async def test_a_full_queue_turns_away_the_arrival_with_retry_after() -> None:
+async def test_a_full_queue_turns_away_the_arrival_of_the_tenant_with_the_most_waiting() -> None:
     f = flow(1, queue_max=2)
     await f.enter(Ticket(A, FlowClass(), 1))
     tasks = [asyncio.create_task(f.enter(Ticket(A, FlowClass(), 1))) for _ in range(2)]
     await settle()
     with pytest.raises(FlowRejected) as err:
-        await f.enter(Ticket(B, FlowClass(), 1))
+        await f.enter(Ticket(A, FlowClass(), 1))
     assert err.value.status == 429 and int(err.value.extra["headers"]["retry-after"]) >= 1
-    assert err.value.reason == "queue_full" and f.shed[(B, "queue_full")] == 1
+    assert err.value.reason == "queue_full" and f.shed[(A, "queue_full")] == 1
     for t in tasks:
         t.cancel()
+
+
+async def test_in_a_full_queue_another_tenant_takes_the_place_of_the_floods_newest() -> None:
+    """A fills the queue; B's arrival takes the place of A's newest request (A's 429), and B's next too while
+    A still has more waiting than B would; once they are even, B's arrival is the one turned away."""
+    f = flow(1, queue_max=4)
+    await f.enter(Ticket(A, FlowClass(), 1))
+    a_waiting = [Ticket(A, FlowClass(), 1) for _ in range(4)]
+    a_tasks = [asyncio.create_task(f.enter(t)) for t in a_waiting]
+    await settle()
+    b1, b2 = Ticket(B, FlowClass(), 1), Ticket(B, FlowClass(), 1)
+    b_tasks = [asyncio.create_task(f.enter(b1))]
+    await settle()
+    assert b1.state == "waiting" and a_waiting[3].state == "rejected" and f.waiting == 4
+    with pytest.raises(FlowRejected) as err:
+        await a_tasks[3]
+    assert err.value.reason == "queue_full" and f.shed[(A, "queue_full")] == 1
+    b_tasks.append(asyncio.create_task(f.enter(b2)))
+    await settle()
+    assert b2.state == "waiting" and a_waiting[2].state == "rejected"  # A 3 waiting against B's 1 + 1
+    with pytest.raises(FlowRejected):
+        await f.enter(Ticket(B, FlowClass(), 1))  # A 2, B 2: B's third would leave A fewer than B
+    assert [t.state for t in a_waiting[:2]] == ["waiting", "waiting"] and f.shed[(B, "queue_full")] == 1
+    for t in a_tasks[:2] + b_tasks:
+        t.cancel()
+    await settle()
 
 
 async def test_a_higher_band_arrival_takes_the_place_of_the_lowest_bands_newest() -> None:
