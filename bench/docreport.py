@@ -501,6 +501,10 @@ def _fairness_caption(phase: str, c: dict[str, Any]) -> str:
     if phase == "b_alone":
         return (f"`b_alone`: B alone, a {c.get('b_prompt_words', '?')}-word request (max_tokens "
                 f"{c.get('b_max_tokens', '?')}) every {_rate(c.get('b_interval_s', '?'))} s, open loop, for {dur} s")
+    if phase == "a_flood_b" and c.get("a_rate"):
+        return (f"`a_flood_b`: A sends a {c.get('a_prompt_words', '?')}-word request (max_tokens "
+                f"{c.get('a_max_tokens', '?')}) {_rate(c['a_rate'])} times a second, open loop, ignoring Retry-After, "
+                f"from {_rate(c.get('lead_s', '?'))} s before B's {dur} s window; B as alone, in A's band")
     if phase == "a_flood_b":
         return (f"`a_flood_b`: A keeps {c.get('a_concurrency', '?')} streams of {c.get('a_prompt_words', '?')} words "
                 f"(max_tokens {c.get('a_max_tokens', '?')}) in flight, ignoring Retry-After, from "

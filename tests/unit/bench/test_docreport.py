@@ -304,6 +304,10 @@ def test_fairness_a_table_per_phase_then_the_targets() -> None:
             in text)
     assert ("| share: weight-2 tenant's tokens / weight-1 tenant's (prompt + 2 x completion) | within 10% of 2 | "
             "2.15 (error 7.5%) | yes |") in text
+    opened = _fairness()
+    opened["config"]["a_rate"] = 30.0  # A as an open loop
+    assert "`a_flood_b`: A sends a 300-word request (max_tokens 128) 30 times a second, open loop" in (
+        docreport.render("fairness", opened))
 
 
 def test_fairness_targets_for_the_summary_leave_out_what_did_not_run(tmp_path: Path) -> None:
