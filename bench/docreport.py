@@ -626,7 +626,8 @@ def _fairness_target_rows(d: dict[str, Any]) -> list[list[str]]:
     wr_text = f"{wr:g}" if isinstance(wr, int | float) else "2"
     rows.append(["share: weight-2 tenant's tokens / weight-1 tenant's (prompt + 2 x completion)",
                  f"within {100 * limit('share_within_10pct_of_weights', 0.10):g}% of {wr_text}",
-                 f"{_num(der.get('share_ratio'), 2)} (error {_num(None if err is None else 100 * err, 1)}%)",
+                 f"{_num(der.get('share_ratio'), 2)} (error {_num(100 * err, 1)}%)" if err is not None
+                 else _num(der.get("share_ratio"), 2),
                  met("share_within_10pct_of_weights")])
     return rows
 
