@@ -172,11 +172,6 @@ class _Rate:
         self.value = inst if self.value is None else self.value + a * (inst - self.value)
 
 
-def _part_view(part: int | float | None) -> float | None:
-    """A split part for the view (None while the process's own limit applies)."""
-    return round(part, 2) if isinstance(part, float) else None
-
-
 class _FractionalSlot:
     """A limit of ``x`` requests where ``x`` is not a whole number: ``floor(x)`` slots always, and one more
     slot kept busy for ``x - floor(x)`` of the time. A request holds its slot until it ends, so the slot
@@ -212,9 +207,14 @@ class _FractionalSlot:
     def limit(self, x: float, now: float, in_flight: int) -> int:
         """The whole requests ``x`` allows now (``in_flight`` upstream)."""
         self.tick(now, in_flight)
-        self._whole = whole = int(x)
-        self._fraction = x - whole
-        return whole + 1 if self._fraction > 0 and self.credit > 0 else whole
+        self._whole = int(x)
+        self._fraction = x - self._whole
+        return self.peek(x)
+
+    def peek(self, x: float) -> int:
+        """What :meth:`limit` would answer for ``x``, with nothing accounted (for the operators' view)."""
+        whole = int(x)
+        return whole + 1 if x > whole and self.credit > 0 else whole
 
 
 class ModelFlow:
@@ -437,8 +437,10 @@ class ModelFlow:
         for (tenant, reason), n in self.shed.items():
             of(tenant)["rejected"][reason] = n
         backlog = {str(b.priority): b.weight() for b in self._bands.values() if b.queues}
-        return {"model": self.model, "limit": self.capacity(), "limit_now": self.limit_now(),
-                "part": _part_view(self.part_now()), "running": self.in_flight, "waiting": self.waiting,
+        part = self.part_now()
+        limit_now, shown = (self._part.peek(part), round(part, 2)) if isinstance(part, float) else (part, None)
+        return {"model": self.model, "limit": self.capacity(), "limit_now": limit_now, "part": shown,
+                "running": self.in_flight, "waiting": self.waiting,
                 "bands": {str(b.priority): b.waiting() for b in self._bands.values()},
                 "backlog_weight": backlog,
                 "dispatch_per_s": self._dispatch_rate.value, "upstream_ttft_s": self.ttft_s,
