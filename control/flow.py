@@ -5,19 +5,21 @@ expiring, see :class:`baton.api.gateway.flow.ViewPublisher`). :func:`read_flow_v
 :func:`merge_flow_views` (pure) adds them up per model and per tenant, and :class:`FlowMonitor` (the use
 case behind ``/admin/v1/flow`` and the operator console's Queues page) does both and names the tenants.
 
-Per-tenant figures (tokens, queued seconds, refusals) count since each gateway process started.
+Per-tenant figures (tokens, queued seconds, refusals) count since each gateway process started. Each
+model's engines appear as their own load reports say (:data:`baton.core.contracts.ENGINE_LOAD_PREFIX`).
 """
 
 from __future__ import annotations
 
 import logging
+import time
 import uuid
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from baton.core import errors
-from baton.core.contracts import flow_view_match, parse_flow_view
+from baton.core.contracts import EngineLoad, engine_load_match, flow_view_match, parse_engine_load, parse_flow_view
 from baton.core.db import Database
 
 log = logging.getLogger(__name__)
@@ -66,6 +68,19 @@ class FlowProcessModel:
     gradient: float | None
     tpot_floor_s: float | None
     tpot_s: float | None
+    engine_pressure: str | None = None  #: why the engines' reports hold its limit down, if they do
+
+
+@dataclass(frozen=True, slots=True)
+class FlowEngine:
+    """One engine of a model, as its latest load report says (``baton.dataplane.engine_load``)."""
+
+    engine: str
+    role: str
+    running: float
+    waiting: float
+    kv_usage: float
+    age_s: float  #: seconds since the report (an engine that steps reports every half second)
 
 
 @dataclass(frozen=True, slots=True)
@@ -81,6 +96,7 @@ class FlowModel:
     rejected: dict[str, int]
     tenants: list[FlowTenant]
     processes: list[FlowProcessModel]
+    engines: list[FlowEngine] = field(default_factory=list)
 
 
 @dataclass(frozen=True, slots=True)
@@ -129,23 +145,35 @@ def flow_tenant_ids(views: Iterable[ProcessView]) -> set[uuid.UUID]:
     return out
 
 
+def _empty() -> dict[str, Any]:
+    return {"limit": None, "running": 0, "waiting": 0, "bands": {}, "dispatch": None, "tenants": {}, "processes": []}
+
+
 def merge_flow_views(views: Iterable[ProcessView],
-                     names: Mapping[uuid.UUID, tuple[str, str]] | None = None) -> FlowOverview:
+                     names: Mapping[uuid.UUID, tuple[str, str]] | None = None,
+                     engines: Iterable[EngineLoad] = (), *, now: float | None = None) -> FlowOverview:
     """Adds up the processes' views per model: running, waiting and limit (``None`` while no process has a
     limit yet), waiting per band, and per tenant (``names``: tenant id to (name, display name)) running,
-    waiting, tokens, queued seconds, refusals by reason and its share of the model's tokens. Entries that
-    are not what a gateway writes are skipped."""
+    waiting, tokens, queued seconds, refusals by reason and its share of the model's tokens; with each
+    model's engines as their load reports say (``now``: wall clock, for their age). Entries that are not
+    what a gateway writes are skipped."""
     names = names or {}
     processes: list[str] = []
     acc: dict[str, dict[str, Any]] = {}
+    now = time.time() if now is None else now
+    by_model: dict[str, list[FlowEngine]] = {}
+    for x in engines:
+        by_model.setdefault(x.model, []).append(FlowEngine(
+            engine=x.engine, role=x.role, running=x.running, waiting=x.waiting, kv_usage=x.kv_usage,
+            age_s=round(max(now - x.at, 0.0), 3)))
+        acc.setdefault(x.model, _empty())
     for process, models in views:
         processes.append(process)
         for view in models:
             name = view.get("model") if isinstance(view, dict) else None
             if not isinstance(name, str):
                 continue
-            m = acc.setdefault(name, {"limit": None, "running": 0, "waiting": 0, "bands": {}, "dispatch": None,
-                                      "tenants": {}, "processes": []})
+            m = acc.setdefault(name, _empty())
             limit = _opt_int(view.get("limit"))
             if limit is not None:
                 m["limit"] = (m["limit"] or 0) + limit
@@ -166,7 +194,8 @@ def merge_flow_views(views: Iterable[ProcessView],
                 waiting=_int(view.get("waiting")),
                 dispatch_per_s=rate, upstream_ttft_s=_opt_float(view.get("upstream_ttft_s")),
                 gradient=_opt_float(view.get("gradient")), tpot_floor_s=_opt_float(view.get("tpot_floor_s")),
-                tpot_s=_opt_float(view.get("tpot_s"))))
+                tpot_s=_opt_float(view.get("tpot_s")),
+                engine_pressure=p if isinstance(p := view.get("engine_pressure"), str) else None))
             for row in _rows(view):
                 tid = _uuid(row.get("tenant_id")) if isinstance(row, dict) else None
                 if tid is None:
@@ -180,10 +209,11 @@ def merge_flow_views(views: Iterable[ProcessView],
                 for reason, n in (rejected.items() if isinstance(rejected, dict) else ()):
                     t["rejected"][str(reason)] = t["rejected"].get(str(reason), 0) + _int(n)
     return FlowOverview(processes=sorted(processes),
-                        models=[_model(name, acc[name], names) for name in sorted(acc)])
+                        models=[_model(name, acc[name], names, by_model.get(name, [])) for name in sorted(acc)])
 
 
-def _model(name: str, m: dict[str, Any], names: Mapping[uuid.UUID, tuple[str, str]]) -> FlowModel:
+def _model(name: str, m: dict[str, Any], names: Mapping[uuid.UUID, tuple[str, str]],
+           engines: list[FlowEngine]) -> FlowModel:
     total = sum(t["prompt_tokens"] + t["completion_tokens"] for t in m["tenants"].values())
     tenants = []
     rejected: dict[str, int] = {}
@@ -202,7 +232,8 @@ def _model(name: str, m: dict[str, Any], names: Mapping[uuid.UUID, tuple[str, st
         model=name, limit=m["limit"], running=m["running"], waiting=m["waiting"],
         bands=[FlowBand(p, n) for p, n in sorted(m["bands"].items(), reverse=True)],
         dispatch_per_s=m["dispatch"], rejected=dict(sorted(rejected.items())), tenants=tenants,
-        processes=sorted(m["processes"], key=lambda p: p.process))
+        processes=sorted(m["processes"], key=lambda p: p.process),
+        engines=sorted(engines, key=lambda e: (e.role, e.engine)))
 
 
 # --- Redis and Postgres -----------------------------------------------------------------------------
@@ -220,6 +251,16 @@ def read_flow_views(redis: Any) -> list[ProcessView]:
     return sorted(out, key=lambda v: v[0])
 
 
+def read_engine_loads(redis: Any) -> list[EngineLoad]:
+    """Every engine's latest load report (``redis``: a synchronous ``redis.Redis``), as
+    :func:`read_flow_views` reads the views."""
+    keys = sorted(set(redis.scan_iter(match=engine_load_match(), count=MGET_BATCH)))
+    out: list[EngineLoad] = []
+    for i in range(0, len(keys), MGET_BATCH):
+        out.extend(x for raw in redis.mget(keys[i:i + MGET_BATCH]) if (x := parse_engine_load(raw)) is not None)
+    return out
+
+
 class FlowMonitor:
     """The use case of the operators' queue view: read every process's view, name the tenants, merge."""
 
@@ -233,6 +274,7 @@ class FlowMonitor:
 
         try:
             views = read_flow_views(self.redis)
+            engines = read_engine_loads(self.redis)
         except redis_lib.RedisError as exc:
             log.warning("flow views not read: %s", type(exc).__name__)
             raise errors.UnavailableError("The gateways' queue views cannot be read (Redis).") from exc
@@ -240,4 +282,4 @@ class FlowMonitor:
         with self.db.system() as uow:
             tenants = uow.tenants.by_ids(sorted(ids))
             names = {tid: (t.name, t.display_name) for tid, t in tenants.items()}
-        return merge_flow_views(views, names)
+        return merge_flow_views(views, names, engines)

@@ -12,7 +12,8 @@ profile in :mod:`baton.dataplane.render`) and the engine has a single rank. Ever
 ``VLLMEngine``. In every case the replica's detokenizer primes a prompt that ends inside a character
 the way an undisturbed stream would have (:mod:`baton.dataplane.detokenize`: a resumed stream's
 continuation). Ray picks the class from ``RAYLLM_VLLM_ENGINE_CLS`` in the replica's environment, for
-the aggregated, prefill and decode servers alike.
+the aggregated, prefill and decode servers alike. Every engine also reports its scheduler's load to
+the gateway's flow control (:mod:`baton.dataplane.engine_load`).
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from typing import Any
 from ray.llm._internal.serve.engines.vllm.vllm_engine import VLLMEngine
 
 from baton.core.contracts import ReplicaEnv
-from baton.dataplane import detokenize
+from baton.dataplane import detokenize, engine_load
 
 log = logging.getLogger(__name__)
 
@@ -47,4 +48,7 @@ class BatonVLLMEngine(VLLMEngine):
         if backend is not None and parallel.distributed_executor_backend != backend:
             log.info("engine executor: %s (was %s)", backend, parallel.distributed_executor_backend)
             parallel.distributed_executor_backend = backend
-        return super()._start_async_llm_engine(vllm_engine_args, vllm_engine_config, placement_group)
+        client = super()._start_async_llm_engine(vllm_engine_args, vllm_engine_config, placement_group)
+        if engine_load.install(client):
+            log.info("engine load reported to Redis for flow control")
+        return client

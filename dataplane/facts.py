@@ -28,7 +28,9 @@ log = logging.getLogger(__name__)
 _client: Any = None
 
 
-def _redis() -> Any:
+def redis_client() -> Any:
+    """The process's asyncio Redis client for the data plane's writes (facts, engine loads), or None where
+    the replica's environment names no Redis."""
     global _client  # one client per process (a Ray replica), built on first use
     if _client is None:
         url = ReplicaEnv.from_environ().facts_redis_url
@@ -45,7 +47,7 @@ async def record_fact(request_id: str | None, fact: Fact) -> None:
     if not request_id:
         return
     try:
-        client = _redis()
+        client = redis_client()
         if client is None:
             return
         key = fact_key(request_id)

@@ -166,16 +166,16 @@ def render_serve_config(
     }
 
 
-def engine_env(spec: DeploymentSpec) -> dict[str, str]:
-    """Environment variables of an engine replica under the spec's device profile; a spec's ``env``
-    overrides them."""
+def engine_env(spec: DeploymentSpec, role: Role | None = None) -> dict[str, str]:
+    """Environment variables of an engine replica under the spec's device profile (``role``: its pool, which
+    its engine-load reports name); a spec's ``env`` overrides them."""
     env = dict(CPU_ENV if spec.device == "cpu" else GPU_ENV)
     env[RAY_ENGINE_CLS_ENV] = ENGINE_CLS_PATH
     if spec.device == "cpu":
         gib = kv_cache_space_gib(spec)
         if float(gib).is_integer():
             env["VLLM_CPU_KVCACHE_SPACE"] = str(int(gib))
-    env.update(replica_env(spec).to_environ())
+    env.update(replica_env(spec, role).to_environ())
     if spec.telemetry.otlp_endpoint:
         # vLLM itself also exports its request spans (`otlp_traces_endpoint`) over OTLP/HTTP, as children
         # of the `traceparent` the decode server passes on.
@@ -185,13 +185,15 @@ def engine_env(spec: DeploymentSpec) -> dict[str, str]:
     return env
 
 
-def replica_env(spec: DeploymentSpec) -> ReplicaEnv:
-    """What Baton's code in the replicas reads (tracing, facts, the prefill ladder, the engine executor)."""
+def replica_env(spec: DeploymentSpec, role: Role | None = None) -> ReplicaEnv:
+    """What Baton's code in the replicas reads (tracing, facts and engine loads, the prefill ladder, the
+    engine executor, the pool)."""
     tel = spec.telemetry
     return ReplicaEnv(
         facts_redis_url=tel.facts_redis_url or (spec.kv.lmcache.redis_url if spec.kv.lmcache else None),
         prefill=PrefillPolicy(),
         engine_executor=CPU_ENGINE_EXECUTOR if spec.device == "cpu" else None,
+        engine_role=None if role is None else "both" if role == "aggregated" else role,
         telemetry=ReplicaTelemetry(enabled=tel.enabled, otlp_endpoint=tel.otlp_endpoint,
                                    service_name=f"baton-dataplane-{spec.name}",
                                    link_bandwidth_gbps=tel.link_bandwidth_gbps),
@@ -372,7 +374,7 @@ def render_llm_config(spec: DeploymentSpec, role: Role) -> dict[str, Any]:
     cfg: dict[str, Any] = {
         "model_loading_config": {"model_id": spec.model.served_name, "model_source": spec.model.path},
         "engine_kwargs": engine_kwargs(spec, role),
-        "runtime_env": {"env_vars": engine_env(spec)},
+        "runtime_env": {"env_vars": engine_env(spec, role)},
         "deployment_config": deployment,
         "log_engine_metrics": True,
     }

@@ -454,6 +454,18 @@ class FlowProcessPublic(_Out):
     gradient: float | None = Field(None, description="The limit's latency gradient (1: no queueing upstream).")
     tpot_floor_s: float | None = Field(None, description="The lowest time per output token seen (the floor).")
     tpot_s: float | None = Field(None, description="The time per output token now.")
+    engine_pressure: str | None = Field(None, description="Why the engines' load reports hold its limit down "
+                                        "(their own queue, or a nearly full KV cache); null: they do not.")
+
+
+class FlowEnginePublic(_Out):
+    engine: str = Field(description="The engine (`host:pid` of its Serve replica).")
+    role: str = Field(description="Its pool: `prefill`, `decode`, or `both` (aggregated).")
+    running: float = Field(description="Requests in its running batch (mean over the steps of its last report).")
+    waiting: float = Field(description="Requests waiting in its own queue (mean over the same steps).")
+    kv_usage: float = Field(description="Its KV cache's largest usage over the same steps, 0-1.")
+    age_s: float = Field(description="Seconds since the report (a stepping engine reports every half second; "
+                         "an idle one once, when it goes idle).")
 
 
 class FlowModelPublic(_Out):
@@ -466,6 +478,8 @@ class FlowModelPublic(_Out):
     rejected: dict[str, int] = Field(description="Refusals by reason, all tenants together.")
     tenants: list[FlowTenantPublic] = Field(description="Per tenant, most tokens first.")
     processes: list[FlowProcessPublic] = Field(description="Each gateway process's own queue of the model.")
+    engines: list[FlowEnginePublic] = Field(default_factory=list,
+                                            description="The model's engines, as their latest load reports say.")
 
 
 class FlowPublic(_Out):

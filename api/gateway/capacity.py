@@ -39,8 +39,10 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+
+from baton.core.contracts import EngineLoad
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,6 +65,16 @@ class CapacitySettings:
     #: Latency this close to its floor is at the floor whatever the ratio: a floor of a few milliseconds
     #: (a tiny model, a stub) would otherwise read the event loop's jitter as overload.
     slack_s: float = 0.005
+    #: An engine report older than this (wall clock, the writer's) is not evidence: the engine stopped
+    #: stepping (idle, or gone) since, or the clocks of two hosts disagree by that much.
+    engine_fresh_s: float = 2.0
+    #: A pool whose engines hold at least this many requests waiting (their mean over a report's steps) runs
+    #: fewer than it holds: the limit comes down to the share that runs.
+    engine_queue: float = 1.0
+    #: KV-cache usage from which an engine is about to preempt (vLLM recomputes a preempted request):
+    #: the limit shrinks by ``engine_kv_backoff`` per report.
+    engine_kv_high: float = 0.9
+    engine_kv_backoff: float = 0.9
 
 
 class _Floor:
@@ -132,6 +144,10 @@ class AdaptiveLimit:
         self._ttft: dict[int, _Signal] = {}
         self._last_ttft: _Signal | None = None  #: the prompt class of the latest request
         self.gradient = 1.0  #: the last update's gradient (1: at the floor), for the metrics
+        #: The engines' latest reports (pool role -> summed figures), and why they hold the limit back
+        self.engines: list[EngineLoad] = []
+        self.engine_pressure: str | None = None
+        self._engine_seen: dict[str, float] = {}  #: engine -> the time of its report already acted on
 
     def limit(self) -> int | None:
         if self.samples < self.settings.min_samples:
@@ -175,13 +191,51 @@ class AdaptiveLimit:
         if not ratios:
             return
         self.gradient = min(1.0, 1.0 / max(*ratios, 1e-9))
-        if self.gradient >= 1.0 and not self._saturated:
-            return  # latency is fine but the limit was not in use: no evidence that more would be
+        if self.gradient >= 1.0 and (not self._saturated or self.engine_pressure is not None):
+            return  # latency is fine but the limit was not in use, or the engines queue: no evidence for more
         self._saturated = False
         new = self.estimate * self.gradient + math.sqrt(self.estimate)
         if self.gradient < 1.0:
             new = min(new, self.estimate * self.gradient)  # over the tolerance: shrink, never grow
         self.estimate = min(max(new, float(s.min_limit)), float(s.max_limit))
+
+
+    def engine_view(self, loads: Iterable[EngineLoad], now: float | None = None) -> None:
+        """The model's engines' latest reports (:class:`~baton.core.contracts.EngineLoad`, ``now``: wall clock).
+
+        Each pool (prefill, decode, or aggregated engines) is judged on its own and the worse one decides.
+        A pool whose engines hold requests waiting (``engine_queue`` or more, the mean over the report's
+        steps) runs fewer than it was sent: the limit comes down in proportion, to the share that runs
+        (``running / (running + waiting)``). An engine whose KV cache is ``engine_kv_high`` full is about to
+        preempt: the limit shrinks by ``engine_kv_backoff``. Either holds growth back until a report says
+        otherwise. Each report moves the limit once, however often it is read; reports older than
+        ``engine_fresh_s`` are no evidence, and without any the limit is the latencies' alone."""
+        s = self.settings
+        now = time.time() if now is None else now
+        fresh = [x for x in loads if now - x.at <= s.engine_fresh_s]
+        self.engines = sorted(fresh, key=lambda x: (x.role, x.engine))
+        pools: dict[str, list[EngineLoad]] = {}
+        for x in fresh:
+            pools.setdefault(x.role, []).append(x)
+        pressure, factor = None, 1.0  # the worst pool's, and the factor its new reports apply
+        for role, xs in sorted(pools.items()):
+            running, waiting = sum(x.running for x in xs), sum(x.waiting for x in xs)
+            kv = max(x.kv_usage for x in xs)
+            f, why = 1.0, None
+            if waiting >= s.engine_queue:
+                f = running / (running + waiting) if running > 0 else 0.5
+                why = f"{role} engines queue {waiting:.1f} beside {running:.1f} running"
+            if kv >= s.engine_kv_high and s.engine_kv_backoff < f:
+                f, why = s.engine_kv_backoff, f"{role} engines' KV cache {kv:.0%} full"
+            if why is None:
+                continue
+            pressure = pressure or why
+            if any(self._engine_seen.get(x.engine) != x.at for x in xs) and f < factor:
+                pressure, factor = why, f
+        self._engine_seen = {x.engine: x.at for x in fresh}
+        self.engine_pressure = pressure
+        if factor < 1.0 and self.samples >= s.min_samples:
+            self.estimate = max(float(s.min_limit), self.estimate * factor)
 
 
 class Capacities:

@@ -6,7 +6,8 @@ Serve and vLLM, and one tenant's flood becomes every tenant's TTFT. A :class:`Mo
 decides who goes upstream next:
 
 - **Room** comes from a capacity function (:mod:`baton.api.gateway.capacity`: a limit learned from the
-  latencies the model's requests measure): how many requests the model's pools should hold at once.
+  latencies the model's requests measure, held down by what the model's engines report of their own
+  queues and KV caches): how many requests the model's pools should hold at once.
   ``None`` (no view yet) turns the queue off for the model: requests go straight upstream as with
   limits only, never an outage.
 - **Bands**: a request's band is its tenant's SLO priority (0-100); a higher band always goes first.
@@ -64,7 +65,16 @@ from typing import Any
 
 from baton.api.gateway.capacity import Capacities
 from baton.core import errors
-from baton.core.contracts import FLOW_VIEW_TTL_S, flow_view_key, flow_view_match, flow_view_message, parse_flow_view
+from baton.core.contracts import (
+    FLOW_VIEW_TTL_S,
+    EngineLoad,
+    engine_load_match,
+    flow_view_key,
+    flow_view_match,
+    flow_view_message,
+    parse_engine_load,
+    parse_flow_view,
+)
 
 log = logging.getLogger(__name__)
 
@@ -637,6 +647,7 @@ class FlowController:
             lim = self.capacities.models.get(name)
             if lim is not None:
                 snap["gradient"] = lim.gradient
+                snap["engine_pressure"] = lim.engine_pressure
                 snap["tpot_floor_s"] = lim.tpot.floor.value if lim.tpot.current is not None else None
                 snap["tpot_s"] = lim.tpot.current
             out.append(snap)
@@ -679,6 +690,11 @@ class ViewPublisher:
         figures = remote_figures(v for view in views if view is not None for v in view[1])
         for name, flow in self.flow.models.items():
             flow.merge_remote(figures.get(name) or RemoteFigures())  # none: the others are gone or idle
+        loads = await read_engine_loads(self.redis)
+        for name in self.flow.models:
+            lim = self.flow.capacities.models.get(name)
+            if lim is not None:
+                lim.engine_view(loads.get(name, ()))
 
     async def _run(self) -> None:
         while True:
@@ -693,6 +709,18 @@ class ViewPublisher:
                     log.warning("flow view not published (%s); retrying every %.0f s", type(exc).__name__,
                                 self.interval_s)
                 self._failing = True
+
+
+async def read_engine_loads(redis: Any) -> dict[str, list[EngineLoad]]:
+    """Model -> its engines' latest reports (``redis``: an asyncio client); reports that expired between the
+    SCAN and the MGET, or do not parse, are left out."""
+    keys = [k async for k in redis.scan_iter(match=engine_load_match(), count=100)]
+    out: dict[str, list[EngineLoad]] = {}
+    for raw in (await redis.mget(keys) if keys else []):
+        load = parse_engine_load(raw)
+        if load is not None:
+            out.setdefault(load.model, []).append(load)
+    return out
 
 
 @dataclass(slots=True)

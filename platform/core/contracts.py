@@ -487,6 +487,75 @@ def parse_flow_view(message: bytes | str | None) -> tuple[str, list[dict[str, An
     return data["process"], [v for v in data["models"] if isinstance(v, dict)]
 
 
+# --- engine load -----------------------------------------------------------------------------------
+
+#: Each vLLM engine of a Serve deployment writes its scheduler's load (:class:`EngineLoad`, from vLLM's
+#: per-step scheduler stats, averaged over the interval between two writes) to
+#: ``ENGINE_LOAD_PREFIX + <model> + ":" + <engine>``: while it steps, at most every
+#: :data:`ENGINE_LOAD_INTERVAL_S`, expiring after :data:`ENGINE_LOAD_BUSY_TTL_S` (an engine that stops
+#: stepping or dies drops out by itself); when it goes idle, once, expiring after
+#: :data:`ENGINE_LOAD_IDLE_TTL_S`. Writer: ``baton.dataplane.engine_load``; readers: the gateway's flow
+#: control (``baton.api.gateway.flow.ViewPublisher``) and the operators' view (``baton.control.flow``).
+ENGINE_LOAD_PREFIX = "baton:engine:load:"
+ENGINE_LOAD_INTERVAL_S = 0.5
+ENGINE_LOAD_BUSY_TTL_S = 3
+ENGINE_LOAD_IDLE_TTL_S = 60
+
+
+@dataclass(frozen=True, slots=True)
+class EngineLoad:
+    """One engine's scheduler over the last interval: requests running and waiting (mean over its steps),
+    the largest KV-cache usage (0..1) and the steps taken."""
+
+    model: str
+    engine: str  #: ``host:pid`` of the engine's front end (the Serve replica's process)
+    role: str  #: ``prefill``, ``decode`` or ``both`` (an aggregated engine)
+    running: float
+    waiting: float
+    kv_usage: float
+    steps: int
+    at: float  #: wall-clock seconds of the write
+
+    @property
+    def busy(self) -> bool:
+        return self.running > 0 or self.waiting > 0
+
+
+def engine_load_key(model: str, engine: str) -> str:
+    return f"{ENGINE_LOAD_PREFIX}{model}:{engine}"
+
+
+def engine_load_match() -> str:
+    """The Redis SCAN pattern of every engine's load (the prefix, its glob characters escaped)."""
+    return "".join("\\" + c if c in "*?[]\\" else c for c in ENGINE_LOAD_PREFIX) + "*"
+
+
+def engine_load_message(load: EngineLoad) -> bytes:
+    return json.dumps({"model": load.model, "engine": load.engine, "role": load.role,
+                       "running": round(load.running, 3), "waiting": round(load.waiting, 3),
+                       "kv_usage": round(load.kv_usage, 4), "steps": load.steps, "at": round(load.at, 3)},
+                      separators=(",", ":")).encode()
+
+
+def parse_engine_load(message: bytes | str | None) -> EngineLoad | None:
+    """One stored engine load; None when it is missing or malformed."""
+    if message is None:
+        return None
+    try:
+        d = json.loads(message)
+        if not isinstance(d, dict) or not isinstance(d.get("model"), str) or not isinstance(d.get("engine"), str):
+            return None
+        nums = [d.get(k) for k in ("running", "waiting", "kv_usage", "steps", "at")]
+        if any(not isinstance(v, int | float) or isinstance(v, bool) or not math.isfinite(v) for v in nums):
+            return None
+        return EngineLoad(model=d["model"], engine=d["engine"], role=str(d.get("role") or "both"),
+                          running=max(float(d["running"]), 0.0), waiting=max(float(d["waiting"]), 0.0),
+                          kv_usage=min(max(float(d["kv_usage"]), 0.0), 1.0), steps=max(int(d["steps"]), 0),
+                          at=float(d["at"]))
+    except ValueError:
+        return None
+
+
 # --- replica environment ----------------------------------------------------------------------------
 
 #: Redis URL of the request facts (unset: no facts are written).
@@ -499,6 +568,8 @@ ENV_PREFILL_BACKOFF_S = "BATON_PREFILL_BACKOFF_S"
 ENV_LOCAL_PREFILL = "BATON_LOCAL_PREFILL"
 #: ``uni``: a single-rank engine runs its model in the engine-core process (``baton.dataplane.engine``).
 ENV_ENGINE_EXECUTOR = "BATON_ENGINE_EXECUTOR"
+#: The pool an engine serves: ``prefill``, ``decode`` or ``both`` (aggregated); its :class:`EngineLoad` says so.
+ENV_ENGINE_ROLE = "BATON_ENGINE_ROLE"
 #: Tracing of the replicas (the same names as the settings tree's ``telemetry`` section).
 ENV_TELEMETRY_ENABLED = "BATON_TELEMETRY__ENABLED"
 ENV_TELEMETRY_OTLP_ENDPOINT = "BATON_TELEMETRY__OTLP_ENDPOINT"
@@ -506,8 +577,8 @@ ENV_TELEMETRY_SERVICE_NAME = "BATON_TELEMETRY__SERVICE_NAME"
 ENV_TELEMETRY_LINK_BANDWIDTH_GBPS = "BATON_TELEMETRY__LINK_BANDWIDTH_GBPS"
 REPLICA_ENV_NAMES: frozenset[str] = frozenset({
     ENV_FACTS_REDIS_URL, ENV_PREFILL_TIMEOUT_S, ENV_PREFILL_ATTEMPTS, ENV_PREFILL_BACKOFF_S, ENV_LOCAL_PREFILL,
-    ENV_ENGINE_EXECUTOR, ENV_TELEMETRY_ENABLED, ENV_TELEMETRY_OTLP_ENDPOINT, ENV_TELEMETRY_SERVICE_NAME,
-    ENV_TELEMETRY_LINK_BANDWIDTH_GBPS,
+    ENV_ENGINE_EXECUTOR, ENV_ENGINE_ROLE, ENV_TELEMETRY_ENABLED, ENV_TELEMETRY_OTLP_ENDPOINT,
+    ENV_TELEMETRY_SERVICE_NAME, ENV_TELEMETRY_LINK_BANDWIDTH_GBPS,
 })
 _FALSE = ("0", "false", "no", "off")
 
@@ -543,6 +614,7 @@ class ReplicaEnv:
     facts_redis_url: str | None = None
     prefill: PrefillPolicy = field(default_factory=PrefillPolicy)
     engine_executor: str | None = None
+    engine_role: str | None = None
     telemetry: ReplicaTelemetry = field(default_factory=ReplicaTelemetry)
 
     @classmethod
@@ -570,6 +642,7 @@ class ReplicaEnv:
                                   backoff_s=max(num(ENV_PREFILL_BACKOFF_S, d.backoff_s), 0.0),
                                   local_prefill=flag(ENV_LOCAL_PREFILL, d.local_prefill)),
             engine_executor=e.get(ENV_ENGINE_EXECUTOR) or None,
+            engine_role=e.get(ENV_ENGINE_ROLE) or None,
             telemetry=ReplicaTelemetry(enabled=flag(ENV_TELEMETRY_ENABLED, dt.enabled),
                                        otlp_endpoint=e.get(ENV_TELEMETRY_OTLP_ENDPOINT) or None,
                                        service_name=e.get(ENV_TELEMETRY_SERVICE_NAME) or dt.service_name,
@@ -595,4 +668,6 @@ class ReplicaEnv:
             env[ENV_FACTS_REDIS_URL] = self.facts_redis_url
         if self.engine_executor:
             env[ENV_ENGINE_EXECUTOR] = self.engine_executor
+        if self.engine_role:
+            env[ENV_ENGINE_ROLE] = self.engine_role
         return env

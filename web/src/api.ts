@@ -214,6 +214,17 @@ export interface FlowProcess {
   gradient: number | null;
   tpot_floor_s: number | null;
   tpot_s: number | null;
+  engine_pressure: string | null;
+}
+
+/** One engine of a model, as its latest load report says. */
+export interface FlowEngine {
+  engine: string;
+  role: string;
+  running: number;
+  waiting: number;
+  kv_usage: number;
+  age_s: number;
 }
 
 export interface FlowModel {
@@ -226,6 +237,7 @@ export interface FlowModel {
   rejected: Record<string, number>;
   tenants: FlowTenant[];
   processes: FlowProcess[];
+  engines: FlowEngine[];
 }
 
 export interface FlowOverview {

@@ -90,6 +90,34 @@ function ModelQueue({ m }: { m: FlowModel }) {
           </tbody>
         </table>
       )}
+      <h3>Engines</h3>
+      {m.engines.length === 0 ? (
+        <Empty>No engine of this model has reported its load lately (an engine reports while it steps).</Empty>
+      ) : (
+        <table className="table">
+          <caption className="sr-only">Engines of {m.model}, as their load reports say</caption>
+          <TableHead cols={["Engine", "Pool", "Running", "Waiting in the engine", "KV cache", "Reported"]} />
+          <tbody>
+            {m.engines.map((e) => (
+              <tr key={e.engine}>
+                <th scope="row">
+                  <code>{e.engine}</code>
+                </th>
+                <td>{e.role}</td>
+                <td>{e.running.toFixed(1)}</td>
+                <td>{e.waiting >= 1 ? <Badge tone="warn">{e.waiting.toFixed(1)}</Badge> : e.waiting.toFixed(1)}</td>
+                <td>{fmtPct(e.kv_usage)}</td>
+                <td>{fmtS(e.age_s)} ago</td>
+              </tr>
+            ))}
+          </tbody>
+        </table>
+      )}
+      {m.processes.some((p) => p.engine_pressure) && (
+        <p className="muted">
+          Held down by the engines: {[...new Set(m.processes.map((p) => p.engine_pressure).filter(Boolean))].join("; ")}
+        </p>
+      )}
       <details className="data-table">
         <summary>Per gateway process</summary>
         <table className="table">

@@ -7,6 +7,7 @@ to the usual one)."""
 from __future__ import annotations
 
 import datetime as dt
+import time
 import uuid
 from collections.abc import Iterator
 from urllib.parse import urlsplit
@@ -14,7 +15,15 @@ from urllib.parse import urlsplit
 import pytest
 from fastapi.testclient import TestClient
 
-from baton.core.contracts import FLOW_VIEW_PREFIX, flow_view_key, flow_view_message
+from baton.core.contracts import (
+    ENGINE_LOAD_PREFIX,
+    FLOW_VIEW_PREFIX,
+    EngineLoad,
+    engine_load_key,
+    engine_load_message,
+    flow_view_key,
+    flow_view_message,
+)
 
 from .conftest import ADMIN_TOKEN, unique
 
@@ -23,8 +32,9 @@ FLOW_DB = 14
 
 
 def _clear(r) -> None:  # type: ignore[no-untyped-def]
-    for key in r.scan_iter(match=FLOW_VIEW_PREFIX + "*"):
-        r.delete(key)
+    for prefix in (FLOW_VIEW_PREFIX, ENGINE_LOAD_PREFIX):
+        for key in r.scan_iter(match=prefix + "*"):
+            r.delete(key)
 
 
 @pytest.fixture(scope="module")
@@ -67,6 +77,7 @@ def test_two_processes_views_merge_per_model_and_tenant(flow_client: TestClient,
     model = unique("flow-model")
     a = [{"model": model, "limit": 4, "running": 3, "waiting": 2, "bands": {"80": 1, "50": 1},
           "dispatch_per_s": 2.0, "upstream_ttft_s": 0.2, "gradient": 1.2, "tpot_floor_s": 0.01, "tpot_s": 0.012,
+          "engine_pressure": "decode engines queue 2.0 beside 3.0 running",
           "tenants": [_tenant_row(t1["id"], running=2, waiting=1, prompt_tokens=300, completion_tokens=100,
                                   queued_s=1.5, rejected={"queue_full": 1}),
                       _tenant_row(t2["id"], running=1, waiting=1, prompt_tokens=100, queued_s=0.5)]}]
@@ -79,13 +90,25 @@ def test_two_processes_views_merge_per_model_and_tenant(flow_client: TestClient,
     flow_redis.set(flow_view_key("gw-a:1"), flow_view_message("gw-a:1", a), ex=60)
     flow_redis.set(flow_view_key("gw-b:2"), flow_view_message("gw-b:2", b), ex=60)
     flow_redis.set(flow_view_key("gw-broken:3"), b"not json", ex=60)
+    # the engines' own load reports, as baton.dataplane.engine_load writes them (one model has no gateway view)
+    now = time.time()
+    for load in (EngineLoad(model=model, engine="h:11", role="prefill", running=1.0, waiting=0.0, kv_usage=0.1,
+                            steps=9, at=now - 0.4),
+                 EngineLoad(model=model, engine="h:12", role="decode", running=3.0, waiting=2.0, kv_usage=0.5,
+                            steps=9, at=now - 0.2),
+                 EngineLoad(model="idle-model", engine="h:13", role="both", running=0.0, waiting=0.0, kv_usage=0.0,
+                            steps=1, at=now - 20)):
+        flow_redis.set(engine_load_key(load.model, load.engine), engine_load_message(load), ex=60)
+    flow_redis.set(ENGINE_LOAD_PREFIX + "broken:1", b"{", ex=60)
 
     r = flow_client.get("/admin/v1/flow")
     assert r.status_code == 200, r.text
     body = r.json()
     assert body["processes"] == ["gw-a:1", "gw-b:2"]
     by_model = {m["model"]: m for m in body["models"]}
-    assert set(by_model) == {model, "warming-up"}
+    assert set(by_model) == {model, "warming-up", "idle-model"}
+    assert [(e["engine"], e["role"]) for e in by_model["idle-model"]["engines"]] == [("h:13", "both")]
+    assert by_model["idle-model"]["engines"][0]["age_s"] >= 19 and by_model["idle-model"]["processes"] == []
     assert by_model["warming-up"]["limit"] is None and by_model["warming-up"]["running"] == 1
     m = by_model[model]
     assert (m["limit"], m["running"], m["waiting"], m["dispatch_per_s"]) == (6, 4, 2, 3.0)
@@ -93,6 +116,10 @@ def test_two_processes_views_merge_per_model_and_tenant(flow_client: TestClient,
     assert m["rejected"] == {"queue_full": 1, "ttl": 2}
     assert [p["process"] for p in m["processes"]] == ["gw-a:1", "gw-b:2"]
     assert m["processes"][0]["gradient"] == 1.2 and m["processes"][1]["gradient"] is None
+    assert m["processes"][0]["engine_pressure"].startswith("decode") and m["processes"][1]["engine_pressure"] is None
+    engines = {e["role"]: e for e in m["engines"]}
+    assert set(engines) == {"prefill", "decode"} and engines["decode"]["waiting"] == 2.0
+    assert engines["decode"]["kv_usage"] == 0.5 and 0 <= engines["decode"]["age_s"] < 10
     tenants = {t["tenant_id"]: t for t in m["tenants"]}
     first = tenants[t1["id"]]
     assert (first["tenant_name"], first["display_name"]) == (t1["name"], "Flow A")

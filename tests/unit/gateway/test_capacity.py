@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from baton.api.gateway.capacity import AdaptiveLimit, CapacitySettings
+from baton.core.contracts import EngineLoad
 
 
 def limit(**settings: float) -> tuple[AdaptiveLimit, dict[str, float]]:
@@ -103,3 +104,51 @@ def test_a_lone_tenants_slow_first_tokens_keep_the_pools_throughput() -> None:
         lim.saturated()
         lim.observe(prompt_tokens=100, ttft_s=0.3, tpot_s=0.01, contended=True)
     assert lim.limit() < before  # type: ignore[operator]
+
+
+def load(role: str, engine: str, *, running: float, waiting: float = 0.0, kv: float = 0.1,
+         at: float = 100.0) -> EngineLoad:
+    return EngineLoad(model="m", engine=engine, role=role, running=running, waiting=waiting, kv_usage=kv, steps=10,
+                      at=at)
+
+
+def test_engines_queueing_bring_the_limit_down_to_the_share_that_runs_once_per_report() -> None:
+    lim, _ = limit(initial=12)
+    feed(lim, 4)
+    before = lim.estimate
+    reports = [load("prefill", "p1", running=1.0), load("decode", "d1", running=3.0, waiting=1.0),
+               load("decode", "d2", running=3.0, waiting=2.0)]
+    lim.engine_view(reports, now=100.5)
+    assert lim.estimate == pytest.approx(before * 6 / 9)  # the decode pool runs 6 of the 9 it holds
+    assert lim.engine_pressure is not None and lim.engine_pressure.startswith("decode")
+    lim.engine_view(reports, now=101.0)  # the same reports read again: no new evidence
+    assert lim.estimate == pytest.approx(before * 6 / 9)
+    # while the engines queue, latencies at their floor do not grow the limit back
+    held = lim.limit()
+    feed(lim, 6)
+    assert lim.limit() == held
+
+
+def test_a_nearly_full_kv_cache_backs_the_limit_off() -> None:
+    lim, _ = limit()
+    feed(lim, 4)
+    before = lim.estimate
+    lim.engine_view([load("both", "a1", running=4.0, kv=0.95)], now=100.0)
+    assert lim.estimate == pytest.approx(before * 0.9) and "KV" in (lim.engine_pressure or "")
+
+
+def test_stale_or_calm_reports_leave_the_limit_to_the_latencies() -> None:
+    lim, _ = limit()
+    feed(lim, 4)
+    before = lim.estimate
+    lim.engine_view([load("decode", "d1", running=2.0, waiting=5.0, at=90.0)], now=100.0)  # 10 s old: gone
+    lim.engine_view([load("decode", "d1", running=2.0, waiting=0.4, at=99.5)], now=100.0)  # a step's wait
+    assert lim.estimate == before and lim.engine_pressure is None
+    feed(lim, 6)  # and the latencies grow it as before
+    assert lim.estimate > before
+
+
+def test_no_report_moves_a_model_without_a_view() -> None:
+    lim, _ = limit()
+    lim.engine_view([load("decode", "d1", running=1.0, waiting=4.0)], now=100.0)
+    assert lim.limit() is None and lim.estimate == 8
