@@ -436,7 +436,7 @@ class FlowTenantPublic(_Out):
     prompt_tokens: int = Field(description="Prompt tokens sent upstream, since each gateway process started.")
     completion_tokens: int = Field(description="Tokens generated (decode), since each gateway process started.")
     queued_s: float = Field(description="Seconds its started requests waited in the queue, summed.")
-    rejected: dict[str, int] = Field(description="Refusals by reason (`queue_full`, `ttl`, `slo`).")
+    rejected: dict[str, int] = Field(description="Refusals by reason (`queue_full`, `ttl`, `backlog`, `slo`).")
     token_share: float | None = Field(description="Its share of the model's tokens (prompt and generated "
                                       "together), 0-1; null while no tokens were served.")
 

@@ -23,7 +23,8 @@ decides who goes upstream next:
 - **Bounds**: at most ``queue_max`` requests wait per model. A full queue makes room for a higher-band
   arrival, and for an arrival whose tenant has fewer requests waiting than its band's longest queue (the
   longest queue drops its newest: :meth:`ModelFlow._place_for`), else turns the arrival away; a request
-  that waited ``ttl_s`` leaves.
+  that waited ``ttl_s`` leaves, and one that would (its tenant's requests already waiting, at the tenant's
+  weighted share of the dispatch rate: :meth:`ModelFlow.predicted_wait_s`) is turned away at once.
   Both are 429 with ``Retry-After`` (back-pressure); 503 only when nothing can serve (no room at all
   for the whole wait).
 - **Shedding**: a ``sheddable`` request whose predicted TTFT (the wait ahead of it at the measured
@@ -414,6 +415,19 @@ class ModelFlow:
             return None
         return ahead / rate + self.ttft_s
 
+    def predicted_wait_s(self, ticket: Ticket) -> float | None:
+        """How long ``ticket`` would wait behind its own tenant's requests already waiting in its band, at the
+        tenant's weighted share of the measured dispatch rate (its weight over the weights waiting in the band,
+        its own included); None when its tenant has nothing waiting (its first request goes by its counter's
+        turn) or no rate is measured yet. Higher bands only make the wait longer: this is a lower bound."""
+        band = self._bands.get(ticket.cls.priority)
+        mine = len(band.queues.get(ticket.tenant, ())) if band is not None else 0
+        rate = self._dispatch_rate.value
+        if not mine or not rate or band is None:
+            return None
+        share = ticket.cls.weight / max(band.weight(), ticket.cls.weight)
+        return (mine + 1) / (rate * share)
+
     def waiting_by_band(self) -> dict[int, int]:
         """Requests waiting in each band the model has seen (a band is kept once made)."""
         return {b.priority: b.waiting() for b in self._bands.values()}
@@ -491,6 +505,13 @@ class ModelFlow:
                 raise FlowRejected(
                     f"The model `{self.model}` is overloaded: a request of class `{cls.name}` would wait past its "
                     f"TTFT target ({cls.ttft_ms} ms). Retry later.", reason="slo", retry_after_s=self.retry_after_s())
+        wait = self.predicted_wait_s(ticket)
+        if wait is not None and wait > self.settings.ttl_s:
+            self._rejected(ticket, "backlog")
+            raise FlowRejected(
+                f"The model `{self.model}` is overloaded: this tenant's requests already waiting would keep this one "
+                f"waiting about {wait:.0f} s, past the queue's limit of {self.settings.ttl_s:g} s. Retry later.",
+                reason="backlog", retry_after_s=min(max(wait - self.settings.ttl_s, 1.0), self.settings.ttl_s))
         if self.waiting >= self.settings.queue_max:
             victim = self._place_for(ticket)
             if victim is None:

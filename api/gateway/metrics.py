@@ -51,9 +51,9 @@ class GatewayMetrics:
         self.flow_queue = Histogram("baton_flow_queue_seconds", "Time a request waited in its model's flow-control "
                                     "queue before going upstream.", ["tenant", "model", "slo_class"],
                                     buckets=_LATENCY, registry=r)
-        self.flow_rejected = Counter("baton_flow_rejected", "Requests flow control refused: queue_full, ttl, slo "
-                                     "(429 with Retry-After), unavailable (503).", ["tenant", "model", "reason"],
-                                     registry=r)
+        self.flow_rejected = Counter("baton_flow_rejected", "Requests flow control refused: queue_full, ttl, "
+                                     "backlog, slo (429 with Retry-After), unavailable (503).",
+                                     ["tenant", "model", "reason"], registry=r)
         self.flow_tokens = Counter("baton_flow_tokens", "Tokens served under flow control: prompt (prefill) and "
                                    "completion (decode) apart.", ["tenant", "model", "kind"], registry=r)
         self.flow_slo = Counter("baton_flow_slo_requests", "Completed requests of a band judged against their SLO "

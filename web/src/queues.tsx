@@ -7,6 +7,7 @@ const POLL_MS = 3000;
 const REASONS: Record<string, string> = {
   queue_full: "queue full",
   ttl: "waited too long",
+  backlog: "would wait too long",
   slo: "would miss TTFT",
 };
 

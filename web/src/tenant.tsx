@@ -489,7 +489,7 @@ function FlowLevels({ hours }: { hours: number }) {
     <section className="card" aria-labelledby="flow-title">
       <h2 id="flow-title">Queueing and refusals</h2>
       <p className="muted small">
-        When a model is busy the gateway queues requests by SLO class and refuses some ({reasonLabel("queue_full")}, {reasonLabel("ttl")}, {reasonLabel("slo")}) with HTTP 429
+        When a model is busy the gateway queues requests by SLO class and refuses some ({reasonLabel("queue_full")}, {reasonLabel("ttl")}, {reasonLabel("backlog")}, {reasonLabel("slo")}) with HTTP 429
         <code> model_overloaded</code>; retry those after the <code>Retry-After</code> they carry.
       </p>
       <ErrorMessage error={flow.error} />

@@ -527,3 +527,44 @@ async def test_a_part_of_one_or_two_requests_is_kept_by_time() -> None:
     heavy, light = await run(2.0, 1.0), await run(1.0, 2.0)
     assert heavy == pytest.approx(4 / 3, rel=0.08) and light == pytest.approx(2 / 3, rel=0.08)
     assert heavy / light == pytest.approx(2.0, rel=0.1)
+
+
+async def test_a_request_that_would_wait_past_the_ttl_behind_its_own_tenants_is_refused_at_once() -> None:
+    now = {"t": 0.0}
+    f = ModelFlow("m", Room(1), FlowSettings(sparse_burst=0.0, ttl_s=10.0), clock=lambda: now["t"])
+    running = Ticket(C, FlowClass(), 1)
+    await f.enter(running)
+    tasks = []
+    for _i in range(10):  # one dispatch a second: the measured rate
+        now["t"] += 1.0
+        t = Ticket(C, FlowClass(), 1)
+        tasks.append(asyncio.create_task(f.enter(t)))
+        await settle()
+        f.leave(running, 1)
+        await settle()
+        running = t
+    heavy, light = FlowClass(name="heavy", weight=4.0), FlowClass(name="light")
+    for _ in range(6):
+        tasks.append(asyncio.create_task(f.enter(Ticket(A, heavy, 1))))
+        await settle()
+    tasks.append(asyncio.create_task(f.enter(Ticket(B, light, 1))))
+    await settle()
+    # A weighs 4 of the 5 waiting: its share ~0.8/s, 7 of its own at most ~9 s: it waits
+    seventh = asyncio.create_task(f.enter(Ticket(A, heavy, 1)))
+    await settle()
+    assert not seventh.done()
+    # an eighth would wait ~10 s, a ninth past the TTL: refused now, not after the TTL
+    tasks.append(asyncio.create_task(f.enter(Ticket(A, heavy, 1))))
+    await settle()
+    waiting = f.waiting
+    with pytest.raises(FlowRejected) as err:
+        await f.enter(Ticket(A, heavy, 1))
+    assert err.value.reason == "backlog" and f.waiting == waiting
+    assert 1 <= int(err.value.extra["headers"]["retry-after"]) <= 10 and f.shed[(A, "backlog")] == 1
+    # a tenant with nothing waiting is never refused by it, however long the queue
+    tasks.append(asyncio.create_task(f.enter(Ticket(C, FlowClass(), 1))))
+    await settle()
+    assert f.shed.get((C, "backlog")) is None
+    for t in [*tasks, seventh]:
+        t.cancel()
+    await settle()
