@@ -18,11 +18,18 @@ dispatched by this gateway:
 Each has a **floor**, the smallest value seen in the last two windows of ``window_s`` (so a floor from
 another load pattern ages out), and a smoothed current value. The gradient is
 ``min(1, tolerance * (floor + slack) / current)`` of the worse of the two (each with its own tolerance:
-``tolerance`` for the decode step, the looser ``ttft_tolerance`` for the first token), and the new limit is
-``limit * gradient + sqrt(limit)``: at the floor the limit grows by its square root per update, over
-``tolerance`` times the floor it shrinks in proportion. Updates come once per ``update_every``
+``tolerance`` for the decode step, the looser ``ttft_tolerance`` for the first token). Over ``tolerance``
+times the floor the limit shrinks at once in proportion (``limit * gradient``); at the floor it grows by
+``growth * sqrt(limit)`` per update (grow slowly, shrink fast). Updates come once per ``update_every``
 completed requests, and only while the limit was actually used (requests were waiting or the pool was
 full), so an idle model keeps its limit instead of growing it without evidence.
+
+**Two limits, one in force.** The *shared* limit heeds both latencies; a *lone* tenant's limit heeds only
+the decode step's, so a tenant alone on a model keeps the pools' throughput (its prefills waiting for each
+other cost it nothing it did not send itself). The shared limit is in force from the first request of a
+second tenant (seen in this process or reported by another within ``contended_s``): it learns all along,
+so the second tenant's first requests meet it at once, not the lone tenant's batch while a limit learned
+alone shrinks only after their slow first tokens come back.
 
 Staleness and absence: the view is as fresh as the last completed request (it is this gateway's own
 measure, no scrape); before ``min_samples`` requests have completed on a model the limit is ``None``,
@@ -51,16 +58,20 @@ class CapacitySettings:
     min_limit: int = 1
     max_limit: int = 256
     tolerance: float = 1.3  #: time per output token over this multiple of its floor shrinks the limit
-    #: ... and time to first token over this multiple of its floor, while two or more tenants use the model:
-    #: a prefill waits for the others in flight, which costs a lone tenant nothing it did not send itself
-    #: but another tenant its TTFT; a tight limit then trades pool throughput for the other tenant's latency
+    #: ... and time to first token over this multiple of its floor, for the shared limit: a prefill waits for
+    #: the others in flight, which costs a lone tenant nothing it did not send itself but another tenant its
+    #: TTFT; the shared limit trades pool throughput for the other tenant's latency
     ttft_tolerance: float = 1.3
-    #: Another tenant used the model this recently: only then does the time to first token count (see
-    #: :meth:`AdaptiveLimit.observe`)
+    #: Another tenant sent to the model this recently: the shared limit is in force (see :meth:`AdaptiveLimit.limit`)
     contended_s: float = 5.0
     window_s: float = 300.0  #: a floor is the smallest value of the last two such windows
     min_samples: int = 8  #: completed requests before the model has a view at all
     update_every: int = 4  #: completed requests between two updates of the limit
+    #: At the floor the limit grows by this share of its square root per update. Updates come per completed
+    #: requests, so short requests would otherwise let a limit leap (3 to 17 in two seconds was seen at a
+    #: flood's onset, before the first long streams' latencies came back to shrink it): grow slowly, shrink
+    #: at once (Gradient2 smooths its limit by 0.2 for the same reason).
+    growth: float = 0.25
     smoothing: float = 0.3  #: weight of a new sample in the current (EWMA) latency
     #: Latency this close to its floor is at the floor whatever the ratio: a floor of a few milliseconds
     #: (a tiny model, a stub) would otherwise read the event loop's jitter as overload.
@@ -136,7 +147,11 @@ class AdaptiveLimit:
                  clock: Callable[[], float] = time.monotonic) -> None:
         self.settings = s = settings or CapacitySettings()
         self.clock = clock
-        self.estimate = float(s.initial)
+        self.estimate = float(s.initial)  #: the shared limit: decode steps and first tokens within tolerance
+        self.alone = float(s.initial)  #: a lone tenant's limit: decode steps only
+        #: Whether another tenant uses the model now (the queue's :meth:`ModelFlow.contended`); set by the
+        #: flow controller. Until then: always shared.
+        self.contended: Callable[[], bool] = lambda: True
         self.samples = 0
         self._since_update = 0
         self._saturated = False
@@ -150,19 +165,18 @@ class AdaptiveLimit:
         self._engine_seen: dict[str, float] = {}  #: engine -> the time of its report already acted on
 
     def limit(self) -> int | None:
+        """The limit in force: the shared one while another tenant uses the model (it takes effect with that
+        tenant's first request), else the lone tenant's; None before ``min_samples`` completed requests."""
         if self.samples < self.settings.min_samples:
             return None
-        return int(self.estimate)
+        return int(self.estimate if self.contended() else max(self.alone, self.estimate))
 
     def saturated(self) -> None:
         """The queue had to hold a request back (its limit is in use): the next update may move it."""
         self._saturated = True
 
-    def observe(self, *, prompt_tokens: int, ttft_s: float | None, tpot_s: float | None,
-                contended: bool = True) -> None:
-        """One completed request's measures after dispatch (None where it had none: an error, one token).
-        ``contended``: another tenant used the model lately; without one the time to first token is measured
-        but does not move the limit (a lone tenant keeps the pools' throughput)."""
+    def observe(self, *, prompt_tokens: int, ttft_s: float | None, tpot_s: float | None) -> None:
+        """One completed request's measures after dispatch (None where it had none: an error, one token)."""
         if ttft_s is None and tpot_s is None:
             return
         s, now = self.settings, self.clock()
@@ -174,7 +188,7 @@ class AdaptiveLimit:
             if sig is None:
                 sig = self._ttft[cls] = _Signal(s.window_s, s.smoothing)
             sig.add(ttft_s, now)
-            self._last_ttft = sig if contended else None
+            self._last_ttft = sig
         self.samples += 1
         self._since_update += 1
         if self._since_update >= s.update_every:
@@ -183,21 +197,30 @@ class AdaptiveLimit:
 
     def _update(self) -> None:
         s = self.settings
-        signals = [(self.tpot, s.tolerance)]
-        if self._last_ttft is not None:
-            signals.append((self._last_ttft, s.ttft_tolerance))
-        # each latency over its own tolerance, the worse one decides
-        ratios = [r / tol for r, tol in ((sig.ratio(s.slack_s), tol) for sig, tol in signals) if r is not None]
-        if not ratios:
+        # each latency over its own tolerance; for each limit the worse of those it heeds decides
+        tpot = self.tpot.ratio(s.slack_s)
+        ttft = self._last_ttft.ratio(s.slack_s) if self._last_ttft is not None else None
+        tpot = None if tpot is None else tpot / s.tolerance
+        ttft = None if ttft is None else ttft / s.ttft_tolerance
+        worst = max((r for r in (tpot, ttft) if r is not None), default=None)
+        if worst is None:
             return
-        self.gradient = min(1.0, 1.0 / max(*ratios, 1e-9))
-        if self.gradient >= 1.0 and (not self._saturated or self.engine_pressure is not None):
-            return  # latency is fine but the limit was not in use, or the engines queue: no evidence for more
+        grow = self._saturated and self.engine_pressure is None  # else no evidence that more would do
         self._saturated = False
-        new = self.estimate * self.gradient + math.sqrt(self.estimate)
-        if self.gradient < 1.0:
-            new = min(new, self.estimate * self.gradient)  # over the tolerance: shrink, never grow
-        self.estimate = min(max(new, float(s.min_limit)), float(s.max_limit))
+        self.gradient = min(1.0, 1.0 / max(worst, 1e-9))
+        self.estimate = self._moved(self.estimate, self.gradient, grow)
+        if tpot is not None:
+            self.alone = self._moved(self.alone, min(1.0, 1.0 / max(tpot, 1e-9)), grow)
+
+    def _moved(self, limit: float, gradient: float, grow: bool) -> float:
+        s = self.settings
+        if gradient < 1.0:
+            new = limit * gradient  # over the tolerance: shrink at once, in proportion
+        elif grow:
+            new = limit + s.growth * math.sqrt(limit)  # at the floor and in use: grow, a step at a time
+        else:
+            return limit
+        return min(max(new, float(s.min_limit)), float(s.max_limit))
 
 
     def engine_view(self, loads: Iterable[EngineLoad], now: float | None = None) -> None:
@@ -236,6 +259,7 @@ class AdaptiveLimit:
         self.engine_pressure = pressure
         if factor < 1.0 and self.samples >= s.min_samples:
             self.estimate = max(float(s.min_limit), self.estimate * factor)
+            self.alone = max(float(s.min_limit), self.alone * factor)
 
 
 class Capacities:

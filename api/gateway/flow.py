@@ -658,6 +658,7 @@ class FlowController:
         if flow is None:
             lim = self.capacities.model(name)
             flow = self.models[name] = ModelFlow(name, lim.limit, self.settings, saturated=lim.saturated)
+            lim.contended = lambda: flow.contended(lim.settings.contended_s)
         return flow
 
     def view(self) -> list[dict[str, Any]]:

@@ -530,8 +530,7 @@ class Gateway:
             flow.first_token(ttft_s)
         limit = self.flow.capacities.model(outcome.model)
         before = limit.limit()
-        limit.observe(prompt_tokens=outcome.prompt_tokens, ttft_s=ttft_s, tpot_s=tpot_s,
-                      contended=flow.contended(limit.settings.contended_s))
+        limit.observe(prompt_tokens=outcome.prompt_tokens, ttft_s=ttft_s, tpot_s=tpot_s)
         if limit.limit() != before:  # a grown limit lets more go now
             flow.poke()
 

@@ -90,20 +90,24 @@ def test_the_limit_stays_within_its_bounds() -> None:
     assert lim.limit() == 2
 
 
-def test_a_lone_tenants_slow_first_tokens_keep_the_pools_throughput() -> None:
-    """Alone on the model, a tenant's own prefills waiting for each other do not shrink the limit; with a
-    second tenant about, the same first tokens do."""
+def test_a_lone_tenant_keeps_the_pools_throughput_and_a_second_meets_the_shared_limit_at_once() -> None:
+    """Alone on the model, a tenant's own prefills waiting for each other do not shrink its limit; the shared
+    limit learns from the same first tokens all along, and is in force from the second tenant's first request."""
     lim, _ = limit()
+    others = {"about": False}
+    lim.contended = lambda: others["about"]
     feed(lim, 8)
     before = lim.limit()
     for _ in range(8):
         lim.saturated()
-        lim.observe(prompt_tokens=100, ttft_s=0.3, tpot_s=0.01, contended=False)
-    assert lim.limit() >= before  # type: ignore[operator]
-    for _ in range(8):
-        lim.saturated()
-        lim.observe(prompt_tokens=100, ttft_s=0.3, tpot_s=0.01, contended=True)
-    assert lim.limit() < before  # type: ignore[operator]
+        lim.observe(prompt_tokens=100, ttft_s=0.3, tpot_s=0.01)
+    assert before is not None and lim.limit() >= before  # type: ignore[operator]
+    alone = lim.limit()
+    others["about"] = True  # another tenant sends: no completion needed for the limit to change
+    shared = lim.limit()
+    assert shared is not None and alone is not None and shared < before <= alone
+    others["about"] = False
+    assert lim.limit() == alone
 
 
 def load(role: str, engine: str, *, running: float, waiting: float = 0.0, kv: float = 0.1,

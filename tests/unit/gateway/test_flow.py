@@ -7,8 +7,10 @@ import uuid
 
 import pytest
 
+from baton.api.gateway.capacity import Capacities, CapacitySettings
 from baton.api.gateway.flow import (
     FlowClass,
+    FlowController,
     FlowRejected,
     FlowSettings,
     FlowUnavailable,
@@ -568,3 +570,15 @@ async def test_a_request_that_would_wait_past_the_ttl_behind_its_own_tenants_is_
     for t in [*tasks, seventh]:
         t.cancel()
     await settle()
+
+
+async def test_the_shared_limit_is_in_force_from_a_second_tenants_first_request() -> None:
+    caps = Capacities(CapacitySettings(initial=8, min_samples=1, update_every=1, slack_s=0.0))
+    controller = FlowController(caps, FlowSettings(sparse_burst=0.0))
+    f, lim = controller.model("m"), caps.model("m")
+    lim.observe(prompt_tokens=10, ttft_s=0.05, tpot_s=0.01)  # the model has a view
+    lim.alone, lim.estimate = 12.0, 3.0  # what a lone tenant's flood and the first tokens taught them
+    await f.enter(Ticket(A, FlowClass(), 1))
+    assert f.capacity() == 12  # A alone: its own limit
+    await f.enter(Ticket(B, FlowClass(), 1))
+    assert f.capacity() == 3  # B's first request put the shared limit in force
