@@ -246,6 +246,9 @@ class ModelFlow:
         self._running: dict[uuid.UUID, list[Ticket]] = {}
         self._counters: dict[uuid.UUID, float] = {}
         self._dispatch_rate = _Rate()
+        #: The same over a short half-life: after an idle spell the 10 s average still reads the idle rate for
+        #: seconds, and a bound that refuses on a wait would refuse a flood's first seconds for nothing
+        self._dispatch_rate_now = _Rate(half_life_s=1.0)
         self.ttft_s: float | None = None  #: measured upstream time to first token (EWMA)
         # per-tenant figures, read by the metrics and the console
         self.shed: dict[tuple[uuid.UUID, str], int] = {}
@@ -419,10 +422,12 @@ class ModelFlow:
         """How long ``ticket`` would wait behind its own tenant's requests already waiting in its band, at the
         tenant's weighted share of the measured dispatch rate (its weight over the weights waiting in the band,
         its own included); None when its tenant has nothing waiting (its first request goes by its counter's
-        turn) or no rate is measured yet. Higher bands only make the wait longer: this is a lower bound."""
+        turn) or no rate is measured yet. The rate is the higher of a 10 s and a 1 s average (a model coming
+        out of an idle spell is not judged by it), and higher bands only make the wait longer: this is a lower
+        bound, so a refused request would not have started in time."""
         band = self._bands.get(ticket.cls.priority)
         mine = len(band.queues.get(ticket.tenant, ())) if band is not None else 0
-        rate = self._dispatch_rate.value
+        rate = max(self._dispatch_rate.value or 0.0, self._dispatch_rate_now.value or 0.0)
         if not mine or not rate or band is None:
             return None
         share = ticket.cls.weight / max(band.weight(), ticket.cls.weight)
@@ -592,7 +597,9 @@ class ModelFlow:
         self.served_tokens.setdefault(ticket.tenant, [0, 0])[0] += ticket.prompt_tokens
         if waited_s:
             self.queued_s[ticket.tenant] = self.queued_s.get(ticket.tenant, 0.0) + waited_s
-        self._dispatch_rate.event(self.clock())  # every start, queued or not: one event each
+        now = self.clock()
+        self._dispatch_rate.event(now)  # every start, queued or not: one event each
+        self._dispatch_rate_now.event(now)
 
     def _charge_decode(self, ticket: Ticket, tokens: int) -> None:
         extra = max(tokens - ticket.charged_decode, 0)

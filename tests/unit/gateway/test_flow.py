@@ -582,3 +582,30 @@ async def test_the_shared_limit_is_in_force_from_a_second_tenants_first_request(
     assert f.capacity() == 12  # A alone: its own limit
     await f.enter(Ticket(B, FlowClass(), 1))
     assert f.capacity() == 3  # B's first request put the shared limit in force
+
+
+async def test_a_model_coming_out_of_an_idle_spell_does_not_refuse_a_floods_first_seconds() -> None:
+    now = {"t": 0.0}
+    f = ModelFlow("m", Room(1), FlowSettings(sparse_burst=0.0, ttl_s=10.0), clock=lambda: now["t"])
+    first = Ticket(C, FlowClass(), 1)
+    await f.enter(first)
+    f.leave(first, 1)
+    now["t"] = 600.0  # ten idle minutes: the 10 s average reads ~1 dispatch in 600 s
+    running = Ticket(A, FlowClass(), 1)
+    await f.enter(running)
+    tasks = []
+    for _ in range(5):  # then five a second for a second
+        now["t"] += 0.2
+        t = Ticket(A, FlowClass(), 1)
+        tasks.append(asyncio.create_task(f.enter(t)))
+        await settle()
+        f.leave(running, 1)
+        await settle()
+        running = t
+    for _ in range(8):  # eight of A's own waiting: ~2 s at 5/s, well within the TTL
+        tasks.append(asyncio.create_task(f.enter(Ticket(A, FlowClass(), 1))))
+        await settle()
+    assert f.shed.get((A, "backlog")) is None and f.waiting == 8
+    for t in tasks:
+        t.cancel()
+    await settle()
