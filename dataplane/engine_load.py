@@ -3,8 +3,10 @@
 vLLM hands every stat logger its scheduler's figures after each engine step (``SchedulerStats``: requests
 running and waiting, KV-cache usage). :class:`EngineLoadLogger` is one such logger, added to the engine
 that Ray Serve LLM starts (:func:`install`, called by :class:`baton.dataplane.engine.BatonVLLMEngine`). It
-averages the running and waiting counts over the steps of each interval (a request that waits one step
-between two chunks of a prefill is not a queue), keeps the largest KV usage, and writes an
+averages the running and waiting counts over the time of each interval, each step's counts weighted by
+how long they held (a request that waits one step between two chunks of a prefill is not a queue, and the
+many short empty steps of an engine waiting for KV are not its load), keeps the largest KV usage, and
+writes an
 :class:`~baton.core.contracts.EngineLoad` at most every ``ENGINE_LOAD_INTERVAL_S`` while the engine steps,
 and once more when it goes idle. The key, its expiry and the payload are the contract in
 :mod:`baton.core.contracts`; the writes go out on the replica's event loop, never waited on, and Redis
@@ -35,26 +37,36 @@ log = logging.getLogger(__name__)
 
 
 class LoadWindow:
-    """The figures of the steps since the last write (pure: the logger's arithmetic)."""
+    """The figures of the steps since the last write, each weighted by how long it held (pure: the logger's
+    arithmetic). A count holds from the step that reported it to the next step: an engine waiting for KV
+    from another engine takes many short empty steps, which a plain mean over steps would count as much as
+    a long decode step."""
 
-    __slots__ = ("kv", "running", "steps", "waiting")
+    __slots__ = ("kv", "running", "seconds", "steps", "waiting")
 
     def __init__(self) -> None:
         self.steps = 0
-        self.running = 0.0
+        self.seconds = 0.0
+        self.running = 0.0  #: request-seconds
         self.waiting = 0.0
         self.kv = 0.0
 
-    def add(self, running: int, waiting: int, kv_usage: float) -> None:
+    def add(self, running: int, waiting: int, kv_usage: float, held_s: float) -> None:
         self.steps += 1
-        self.running += running
-        self.waiting += waiting
+        self.seconds += held_s
+        self.running += running * held_s
+        self.waiting += waiting * held_s
         self.kv = max(self.kv, kv_usage)
 
-    def load(self, *, model: str, engine: str, role: str, at: float) -> EngineLoad:
-        n = max(self.steps, 1)
-        return EngineLoad(model=model, engine=engine, role=role, running=self.running / n,
-                          waiting=self.waiting / n, kv_usage=self.kv, steps=self.steps, at=at)
+    def load(self, *, model: str, engine: str, role: str, at: float, now: tuple[int, int]) -> EngineLoad:
+        """The window's time-weighted means; ``now``: the latest step's (running, waiting), the figures of a
+        window that has held no time yet."""
+        if self.seconds > 0:
+            running, waiting = self.running / self.seconds, self.waiting / self.seconds
+        else:
+            running, waiting = float(now[0]), float(now[1])
+        return EngineLoad(model=model, engine=engine, role=role, running=running, waiting=waiting,
+                          kv_usage=self.kv, steps=self.steps, at=at)
 
 
 class EngineLoadLogger:
@@ -72,6 +84,8 @@ class EngineLoadLogger:
         self.window = LoadWindow()
         self._last = clock()
         self._busy = False
+        self._prev: tuple[int, int] = (0, 0)
+        self._prev_t = self._last
         self._tasks: set[asyncio.Task[None]] = set()
 
     def record(self, scheduler_stats: Any, iteration_stats: Any = None, mm_cache_stats: Any = None,
@@ -80,14 +94,20 @@ class EngineLoadLogger:
             return
         running = int(getattr(scheduler_stats, "num_running_reqs", 0) or 0)
         waiting = int(getattr(scheduler_stats, "num_waiting_reqs", 0) or 0)
-        self.window.add(running, waiting, float(getattr(scheduler_stats, "kv_cache_usage", 0.0) or 0.0))
+        kv = float(getattr(scheduler_stats, "kv_cache_usage", 0.0) or 0.0)
         now = self.clock()
+        if self._busy:  # what the previous step reported held until this one (an idle spell counts nowhere)
+            self.window.add(*self._prev, kv, max(now - self._prev_t, 0.0))
+        else:
+            self.window.kv = max(self.window.kv, kv)
+        self._prev, self._prev_t = (running, waiting), now
         busy = running > 0 or waiting > 0
         if busy == self._busy and now - self._last < ENGINE_LOAD_INTERVAL_S:
             return
         self._busy = busy
         self._last = now
-        load = self.window.load(model=self.model, engine=self.engine, role=self.role, at=time.time())
+        load = self.window.load(model=self.model, engine=self.engine, role=self.role, at=time.time(),
+                                now=(running, waiting))
         self.window = LoadWindow()
         if not busy:  # the idle report: what is left running is nothing, whatever the window averaged
             load = EngineLoad(model=load.model, engine=load.engine, role=load.role, running=0.0, waiting=0.0,

@@ -490,7 +490,7 @@ def parse_flow_view(message: bytes | str | None) -> tuple[str, list[dict[str, An
 # --- engine load -----------------------------------------------------------------------------------
 
 #: Each vLLM engine of a Serve deployment writes its scheduler's load (:class:`EngineLoad`, from vLLM's
-#: per-step scheduler stats, averaged over the interval between two writes) to
+#: per-step scheduler stats, averaged over the time between two writes) to
 #: ``ENGINE_LOAD_PREFIX + <model> + ":" + <engine>``: while it steps, at most every
 #: :data:`ENGINE_LOAD_INTERVAL_S`, expiring after :data:`ENGINE_LOAD_BUSY_TTL_S` (an engine that stops
 #: stepping or dies drops out by itself); when it goes idle, once, expiring after
@@ -504,8 +504,8 @@ ENGINE_LOAD_IDLE_TTL_S = 60
 
 @dataclass(frozen=True, slots=True)
 class EngineLoad:
-    """One engine's scheduler over the last interval: requests running and waiting (mean over its steps),
-    the largest KV-cache usage (0..1) and the steps taken."""
+    """One engine's scheduler over the last interval: requests running and waiting (their means over the
+    interval's time), the largest KV-cache usage (0..1) and the steps taken."""
 
     model: str
     engine: str  #: ``host:pid`` of the engine's front end (the Serve replica's process)

@@ -43,19 +43,20 @@ def test_the_contract_round_trips_and_refuses_what_a_writer_never_writes() -> No
     assert c.engine_load_key("tiny", "h:1").startswith(c.ENGINE_LOAD_PREFIX)
 
 
-def test_a_busy_engine_reports_the_mean_of_its_steps_at_most_every_interval_and_once_when_idle(redis) -> None:
+def test_a_busy_engine_reports_its_time_weighted_load_at_most_every_interval_and_once_when_idle(redis) -> None:
     now = {"t": 0.0}
     log = engine_load.EngineLoadLogger(SimpleNamespace(model_config=SimpleNamespace(served_model_name="tiny")),
                                        role="decode", clock=lambda: now["t"])
 
     async def steps() -> None:
-        log.record(stats(1))  # idle -> busy: reported at once
-        for t, running, waiting in ((0.1, 2, 0), (0.2, 4, 2), (0.3, 2, 2)):
+        log.record(stats(2))  # idle -> busy: reported at once
+        # a long decode step of two, then many short steps with four waiting (each count holds until the next)
+        for t, running, waiting in ((0.25, 2, 0), (0.375, 0, 4), *((0.375 + i / 64, 0, 4) for i in range(1, 8))):
             now["t"] = t
             log.record(stats(running, waiting, kv=0.3 + 0.1 * running))
-        now["t"] = 0.6  # past the interval since the first report: this step closes the window
-        log.record(stats(4, 0))
-        now["t"] = 0.7
+        now["t"] = 0.5  # the interval since the first report: this step closes the window
+        log.record(stats(0, 4))
+        now["t"] = 0.625
         log.record(stats(0, 0))  # busy -> idle: reported at once, long-lived
         log.record(None)  # a step without scheduler stats is not a step
         await asyncio.sleep(0)
@@ -64,9 +65,11 @@ def test_a_busy_engine_reports_the_mean_of_its_steps_at_most_every_interval_and_
     loads = [(c.parse_engine_load(v), ex) for _, v, ex in redis.sets]
     assert [ex for _, ex in loads] == [c.ENGINE_LOAD_BUSY_TTL_S, c.ENGINE_LOAD_BUSY_TTL_S, c.ENGINE_LOAD_IDLE_TTL_S]
     first, window, idle = (x for x, _ in loads)
-    assert first is not None and first.running == 1 and first.model == "tiny" and first.role == "decode"
-    assert window is not None and (window.running, window.waiting, window.steps) == (3.0, 1.0, 4)
-    assert window.kv_usage == pytest.approx(0.7)
+    assert first is not None and first.running == 2 and first.model == "tiny" and first.role == "decode"
+    # 2 running for 0.375 s of 0.5, 4 waiting for the last 0.125 s: 1.5 and 1.0 (a mean over the ten steps
+    # would say 0.2 running and 3.6 waiting)
+    assert window is not None and (window.running, window.waiting, window.steps) == (1.5, 1.0, 10)
+    assert window.kv_usage == pytest.approx(0.5)
     assert idle is not None and idle.running == 0 and idle.waiting == 0 and not idle.busy
 
 
