@@ -139,10 +139,15 @@ class Processes:
         (self.run_dir / f"{name}.pid").unlink(missing_ok=True)
         if pid is None:
             return False
+        group = True
         try:
             os.killpg(pid, signal.SIGTERM)
-        except ProcessLookupError:
-            return True
+        except ProcessLookupError:  # alive (pid() found it) but not a group leader: restarted by hand
+            group = False
+            try:
+                os.kill(pid, signal.SIGTERM)
+            except ProcessLookupError:
+                return True
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             with contextlib.suppress(ChildProcessError):  # a child of this process: reaped, not a zombie
@@ -154,7 +159,7 @@ class Processes:
                 return True
             time.sleep(0.2)
         with contextlib.suppress(ProcessLookupError):
-            os.killpg(pid, signal.SIGKILL)
+            (os.killpg if group else os.kill)(pid, signal.SIGKILL)
         return True
 
 

@@ -35,3 +35,20 @@ def test_a_process_still_running_is_waited_for(tmp_path: Path) -> None:
     # the child that ended on SIGTERM was reaped by the stop (not taken for alive as a zombie until its limit)
     with pytest.raises(ChildProcessError):
         os.waitpid(pid, os.WNOHANG)
+
+
+def test_down_stops_a_process_restarted_by_hand_outside_its_own_session(tmp_path: Path) -> None:
+    """An operator restarts the gateway from a shell (not a process group of its own) and records its pid:
+    ``down`` still stops it."""
+    import subprocess
+
+    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        (tmp_path / "run").mkdir()
+        (tmp_path / "run" / "gateway.pid").write_text(str(proc.pid))
+        procs = Processes(tmp_path)
+        assert procs.pid("gateway") == proc.pid
+        assert procs.stop("gateway", timeout_s=10)
+        assert proc.wait(timeout=10) is not None
+    finally:
+        proc.kill()
