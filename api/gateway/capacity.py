@@ -154,7 +154,8 @@ class AdaptiveLimit:
         self.contended: Callable[[], bool] = lambda: True
         self.samples = 0
         self._since_update = 0
-        self._saturated = False
+        self._saturated = False  #: the shared limit held a request back since the last update
+        self._saturated_alone = False  #: ... the lone tenant's limit did
         self.tpot = _Signal(s.window_s, s.smoothing)
         self._ttft: dict[int, _Signal] = {}
         self._last_ttft: _Signal | None = None  #: the prompt class of the latest request
@@ -172,8 +173,14 @@ class AdaptiveLimit:
         return int(self.estimate if self.contended() else max(self.alone, self.estimate))
 
     def saturated(self) -> None:
-        """The queue had to hold a request back (its limit is in use): the next update may move it."""
-        self._saturated = True
+        """The queue had to hold a request back (the limit in force is in use): the next update may grow it.
+        Only the limit in force grows on that evidence: the other one's room was never tried (a lone
+        tenant's limit that went on growing through a contended hour would let a flood into the engines
+        the moment the second tenant left)."""
+        if self.contended():
+            self._saturated = True
+        else:
+            self._saturated_alone = True
 
     def observe(self, *, prompt_tokens: int, ttft_s: float | None, tpot_s: float | None) -> None:
         """One completed request's measures after dispatch (None where it had none: an error, one token)."""
@@ -205,12 +212,13 @@ class AdaptiveLimit:
         worst = max((r for r in (tpot, ttft) if r is not None), default=None)
         if worst is None:
             return
-        grow = self._saturated and self.engine_pressure is None  # else no evidence that more would do
-        self._saturated = False
+        calm = self.engine_pressure is None  # else no evidence that more would do
+        grow, grow_alone = self._saturated and calm, self._saturated_alone and calm
+        self._saturated = self._saturated_alone = False
         self.gradient = min(1.0, 1.0 / max(worst, 1e-9))
         self.estimate = self._moved(self.estimate, self.gradient, grow)
         if tpot is not None:
-            self.alone = self._moved(self.alone, min(1.0, 1.0 / max(tpot, 1e-9)), grow)
+            self.alone = self._moved(self.alone, min(1.0, 1.0 / max(tpot, 1e-9)), grow_alone)
 
     def _moved(self, limit: float, gradient: float, grow: bool) -> float:
         s = self.settings

@@ -156,3 +156,19 @@ def test_no_report_moves_a_model_without_a_view() -> None:
     lim, _ = limit()
     lim.engine_view([load("decode", "d1", running=1.0, waiting=4.0)], now=100.0)
     assert lim.limit() is None and lim.estimate == 8
+
+
+def test_only_the_limit_in_force_grows_on_the_evidence_that_it_is_in_use() -> None:
+    """A lone tenant's limit is not tried while the shared one is in force: it must not grow then (it would
+    let a flood into the engines the moment the second tenant left), nor the shared one while a tenant is alone."""
+    lim, _ = limit()
+    others = {"about": True}
+    lim.contended = lambda: others["about"]
+    feed(lim, 4)
+    alone = lim.alone
+    feed(lim, 40)  # contended, at the floor, the shared limit in use
+    assert lim.estimate > alone and lim.alone == alone
+    others["about"] = False
+    shared = lim.estimate
+    feed(lim, 40)  # alone now: its own limit grows, the shared one stays
+    assert lim.alone > alone and lim.estimate == shared
