@@ -461,9 +461,9 @@ class FlowProcessPublic(_Out):
 class FlowEnginePublic(_Out):
     engine: str = Field(description="The engine (`host:pid` of its Serve replica).")
     role: str = Field(description="Its pool: `prefill`, `decode`, or `both` (aggregated).")
-    running: float = Field(description="Requests in its running batch (mean over the steps of its last report).")
-    waiting: float = Field(description="Requests waiting in its own queue (mean over the same steps).")
-    kv_usage: float = Field(description="Its KV cache's largest usage over the same steps, 0-1.")
+    running: float = Field(description="Requests in its running batch (mean over the time its last report covers).")
+    waiting: float = Field(description="Requests waiting in its own queue (mean over the same time).")
+    kv_usage: float = Field(description="Its KV cache's largest usage over the same time, 0-1.")
     age_s: float = Field(description="Seconds since the report (a stepping engine reports every half second; "
                          "an idle one once, when it goes idle).")
 

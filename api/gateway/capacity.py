@@ -79,7 +79,7 @@ class CapacitySettings:
     #: An engine report older than this (wall clock, the writer's) is not evidence: the engine stopped
     #: stepping (idle, or gone) since, or the clocks of two hosts disagree by that much.
     engine_fresh_s: float = 2.0
-    #: A pool whose engines hold at least this many requests waiting (their mean over a report's steps) runs
+    #: A pool whose engines hold at least this many requests waiting (their mean over a report's time) runs
     #: fewer than it holds: the limit comes down to the share that runs.
     engine_queue: float = 1.0
     #: KV-cache usage from which an engine is about to preempt (vLLM recomputes a preempted request):
@@ -160,7 +160,7 @@ class AdaptiveLimit:
         self._ttft: dict[int, _Signal] = {}
         self._last_ttft: _Signal | None = None  #: the prompt class of the latest request
         self.gradient = 1.0  #: the last update's gradient (1: at the floor), for the metrics
-        #: The engines' latest reports (pool role -> summed figures), and why they hold the limit back
+        #: The engines' latest fresh reports, and why they hold the limit back (None: they do not)
         self.engines: list[EngineLoad] = []
         self.engine_pressure: str | None = None
         self._engine_seen: dict[str, float] = {}  #: engine -> the time of its report already acted on
@@ -236,7 +236,7 @@ class AdaptiveLimit:
 
         Each pool (prefill, decode, or aggregated engines) is judged on its own and the worse one decides.
         A pool whose engines hold requests waiting (``engine_queue`` or more, the mean over the report's
-        steps) runs fewer than it was sent: the limit comes down in proportion, to the share that runs
+        time) runs fewer than it was sent: the limit comes down in proportion, to the share that runs
         (``running / (running + waiting)``). An engine whose KV cache is ``engine_kv_high`` full is about to
         preempt: the limit shrinks by ``engine_kv_backoff``. Either holds growth back until a report says
         otherwise. Each report moves the limit once, however often it is read; reports older than
