@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import datetime as dt
 import uuid
+from collections.abc import Mapping
 from dataclasses import dataclass, fields
 
 from baton.control.audit import snapshot
@@ -31,11 +32,18 @@ class NewPolicy:
     priority: int = 0
     sheddable: bool = False
     weight: float = 1.0
+    max_wait_s: float | None = None
+    max_waiting: int | None = None
+
+
+#: Policy fields that may be null (the gateway's setting applies): :class:`PolicyChanges` can clear them.
+CLEARABLE = frozenset({"max_wait_s", "max_waiting"})
 
 
 @dataclass(frozen=True, slots=True)
 class PolicyChanges:
-    """Fields to change; ``None`` leaves one as it is."""
+    """Fields to change; ``None`` leaves one as it is, and ``clear`` names those of :data:`CLEARABLE` to set
+    back to null."""
 
     ttft_ms: int | None = None
     tpot_ms: int | None = None
@@ -43,9 +51,22 @@ class PolicyChanges:
     priority: int | None = None
     sheddable: bool | None = None
     weight: float | None = None
+    max_wait_s: float | None = None
+    max_waiting: int | None = None
+    clear: frozenset[str] = frozenset()
+
+    @classmethod
+    def of(cls, sent: Mapping[str, object]) -> PolicyChanges:
+        """The changes a request body asks for (``sent``: the fields it set, nulls included): an absent field
+        is left as it is, a null one of :data:`CLEARABLE` is cleared, any other null is left as it is."""
+        return cls(**{k: v for k, v in sent.items() if v is not None},  # type: ignore[arg-type]
+                   clear=frozenset(k for k, v in sent.items() if v is None and k in CLEARABLE))
 
     def items(self) -> dict[str, object]:
-        return {f.name: getattr(self, f.name) for f in fields(self) if getattr(self, f.name) is not None}
+        out: dict[str, object] = {f.name: getattr(self, f.name) for f in fields(self)
+                                  if f.name != "clear" and getattr(self, f.name) is not None}
+        out.update({name: None for name in self.clear & CLEARABLE})
+        return out
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,6 +79,8 @@ class PolicyView:
     priority: int
     sheddable: bool
     weight: float
+    max_wait_s: float | None
+    max_waiting: int | None
     version: int
     created_at: dt.datetime
     updated_at: dt.datetime
@@ -65,8 +88,8 @@ class PolicyView:
     @classmethod
     def of(cls, p: m.SloPolicy) -> PolicyView:
         return cls(id=p.id, name=p.name, ttft_ms=p.ttft_ms, tpot_ms=p.tpot_ms, percentile=float(p.percentile),
-                   priority=p.priority, sheddable=p.sheddable, weight=float(p.weight), version=p.version,
-                   created_at=p.created_at, updated_at=p.updated_at)
+                   priority=p.priority, sheddable=p.sheddable, weight=float(p.weight), max_wait_s=p.max_wait_s,
+                   max_waiting=p.max_waiting, version=p.version, created_at=p.created_at, updated_at=p.updated_at)
 
 
 @dataclass(frozen=True, slots=True)
@@ -117,7 +140,8 @@ class SloPolicies:
         with self.db.system() as uow:
             row = uow.slo_policies.add(m.SloPolicy(
                 name=new.name, ttft_ms=new.ttft_ms, tpot_ms=new.tpot_ms, percentile=new.percentile,
-                priority=new.priority, sheddable=new.sheddable, weight=new.weight,
+                priority=new.priority, sheddable=new.sheddable, weight=new.weight, max_wait_s=new.max_wait_s,
+                max_waiting=new.max_waiting,
             ))
             audit(uow, actor, "slo_policy.create", "slo_policy", row.id, after=row)
             uow.commit()

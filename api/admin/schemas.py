@@ -252,6 +252,10 @@ class DeploymentStatus(_Out):
 # --- SLO --------------------------------------------------------------------------------------------
 
 WEIGHT_HELP = "Share of the priority band's tokens relative to other tenants' weights (1 = equal)."
+MAX_WAIT_HELP = ("The longest a request of this class waits in a model's queue before its 429 (null: the "
+                 "gateway's setting, 30 s unless configured).")
+MAX_WAITING_HELP = ("How many of one tenant's requests of this class may wait in a model's queue at once, per "
+                    "gateway process; more are refused at once with 429 (null: only the queue's own size bounds it).")
 
 
 class SloPolicyCreate(_In):
@@ -262,6 +266,8 @@ class SloPolicyCreate(_In):
     priority: int = Field(0, ge=0, le=100)
     sheddable: bool = False
     weight: float = Field(1.0, gt=0, le=100, description=WEIGHT_HELP)
+    max_wait_s: float | None = Field(None, gt=0, le=3600, description=MAX_WAIT_HELP)
+    max_waiting: int | None = Field(None, ge=1, le=100_000, description=MAX_WAITING_HELP)
 
 
 class SloPolicyUpdate(_In):
@@ -271,6 +277,8 @@ class SloPolicyUpdate(_In):
     priority: int | None = Field(None, ge=0, le=100)
     sheddable: bool | None = None
     weight: float | None = Field(None, gt=0, le=100, description=WEIGHT_HELP)
+    max_wait_s: float | None = Field(None, gt=0, le=3600, description=MAX_WAIT_HELP + " Null clears it.")
+    max_waiting: int | None = Field(None, ge=1, le=100_000, description=MAX_WAITING_HELP + " Null clears it.")
 
 
 class SloPolicyPublic(_Out):
@@ -282,6 +290,8 @@ class SloPolicyPublic(_Out):
     priority: int
     sheddable: bool
     weight: float
+    max_wait_s: float | None = Field(description=MAX_WAIT_HELP)
+    max_waiting: int | None = Field(description=MAX_WAITING_HELP)
     version: int
     created_at: dt.datetime
     updated_at: dt.datetime

@@ -56,7 +56,7 @@ def get_policy(*, policy_id: uuid.UUID, ctx: Ctx, who: Admin, response: Response
 def update_policy(*, policy_id: uuid.UUID, body: SloPolicyUpdate, ctx: Ctx, who: Admin, request: Request,
                   response: Response) -> SloPolicyPublic:
     """New targets re-render the autoscaling of the deployments that use the policy."""
-    changes = PolicyChanges(**body.model_dump(exclude_unset=True, exclude_none=True))
+    changes = PolicyChanges.of(body.model_dump(exclude_unset=True))
     view = ctx.control.slo.update_policy(_actor(who), policy_id, changes,
                                          expect=lambda v: check_if_match(request, v))
     out = convert.policy_public(view)

@@ -243,7 +243,7 @@ def get_policy(policy_id: uuid.UUID, ctx: Ctx, user: OperatorUser, response: Res
 def update_policy(*, policy_id: uuid.UUID, body: SloPolicyUpdate, ctx: Ctx, request: Request, user: OperatorUser,
                   response: Response) -> SloPolicyPublic:
     """New targets re-render the autoscaling of the deployments that use the policy."""
-    changes = PolicyChanges(**body.model_dump(exclude_unset=True, exclude_none=True))
+    changes = PolicyChanges.of(body.model_dump(exclude_unset=True))
     view = ctx.control.slo.update_policy(_actor(request, user), policy_id, changes, expect=_if_match(request))
     out = convert.policy_public(view)
     set_etag(response, out.version)

@@ -95,6 +95,8 @@ class FlowClass:
     sheddable: bool = False
     ttft_ms: int | None = None  #: the SLO's TTFT target (shedding predicts against it)
     tpot_ms: int | None = None  #: the SLO's time per output token (SLO attainment)
+    max_wait_s: float | None = None  #: the longest a request waits for room (None: the queue's ``ttl_s``)
+    max_waiting: int | None = None  #: a tenant's requests that may wait at once (None: only ``queue_max``)
 
 
 DEFAULT_CLASS = FlowClass()
@@ -289,8 +291,9 @@ class ModelFlow:
         self._dispatch()
         if ticket.state == "running":
             return
+        ttl_s = self.ttl_s(ticket.cls)
         try:
-            await asyncio.wait_for(asyncio.shield(fut), timeout=self.settings.ttl_s)
+            await asyncio.wait_for(asyncio.shield(fut), timeout=ttl_s)
         except TimeoutError:
             if ticket.state == "running":  # dispatched in the same tick as the timeout
                 return
@@ -300,7 +303,7 @@ class ModelFlow:
                 raise FlowUnavailable(f"The model `{self.model}` has no capacity to serve right now. Retry shortly.",
                                       headers={"retry-after": "5"}) from None
             raise FlowRejected(
-                f"The model `{self.model}` is overloaded: the request waited {self.settings.ttl_s:g} s for room. "
+                f"The model `{self.model}` is overloaded: the request waited {ttl_s:g} s for room. "
                 "Retry later.", reason="ttl", retry_after_s=self.retry_after_s()) from None
         except asyncio.CancelledError:
             if ticket.state == "running":
@@ -418,6 +421,14 @@ class ModelFlow:
             return None
         return ahead / rate + self.ttft_s
 
+    def ttl_s(self, cls: FlowClass) -> float:
+        """The longest a request of ``cls`` waits for room: its policy's, else the queue's setting."""
+        return cls.max_wait_s if cls.max_wait_s is not None else self.settings.ttl_s
+
+    def _waiting_of(self, ticket: Ticket) -> int:
+        band = self._bands.get(ticket.cls.priority)
+        return len(band.queues.get(ticket.tenant, ())) if band is not None else 0
+
     def predicted_wait_s(self, ticket: Ticket) -> float | None:
         """How long ``ticket`` would wait behind its own tenant's requests already waiting in its band, at the
         tenant's weighted share of the measured dispatch rate (its weight over the weights waiting in the band,
@@ -426,7 +437,7 @@ class ModelFlow:
         out of an idle spell is not judged by it), and higher bands only make the wait longer: this is a lower
         bound, so a refused request would not have started in time."""
         band = self._bands.get(ticket.cls.priority)
-        mine = len(band.queues.get(ticket.tenant, ())) if band is not None else 0
+        mine = self._waiting_of(ticket)
         rate = max(self._dispatch_rate.value or 0.0, self._dispatch_rate_now.value or 0.0)
         if not mine or not rate or band is None:
             return None
@@ -510,13 +521,21 @@ class ModelFlow:
                 raise FlowRejected(
                     f"The model `{self.model}` is overloaded: a request of class `{cls.name}` would wait past its "
                     f"TTFT target ({cls.ttft_ms} ms). Retry later.", reason="slo", retry_after_s=self.retry_after_s())
+        ttl_s = self.ttl_s(cls)
+        mine = self._waiting_of(ticket)
+        if cls.max_waiting is not None and mine >= cls.max_waiting:
+            self._rejected(ticket, "queue_full")
+            raise FlowRejected(
+                f"The model `{self.model}` is overloaded: {mine} of this tenant's requests are waiting, as many as "
+                f"its class `{cls.name}` allows. Retry later.", reason="queue_full",
+                retry_after_s=self.retry_after_s())
         wait = self.predicted_wait_s(ticket)
-        if wait is not None and wait > self.settings.ttl_s:
+        if wait is not None and wait > ttl_s:
             self._rejected(ticket, "backlog")
             raise FlowRejected(
                 f"The model `{self.model}` is overloaded: this tenant's requests already waiting would keep this one "
-                f"waiting about {wait:.0f} s, past the queue's limit of {self.settings.ttl_s:g} s. Retry later.",
-                reason="backlog", retry_after_s=min(max(wait - self.settings.ttl_s, 1.0), self.settings.ttl_s))
+                f"waiting about {wait:.0f} s, past the queue's limit of {ttl_s:g} s. Retry later.",
+                reason="backlog", retry_after_s=min(max(wait - ttl_s, 1.0), ttl_s))
         if self.waiting >= self.settings.queue_max:
             victim = self._place_for(ticket)
             if victim is None:

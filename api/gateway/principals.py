@@ -121,7 +121,8 @@ def load_principal(db: Database, key_hash: bytes, salt_secret: str) -> Principal
                 if policy is not None:
                     classes[g.name] = FlowClass(name=policy.name, priority=policy.priority,
                                                 weight=float(policy.weight), sheddable=policy.sheddable,
-                                                ttft_ms=policy.ttft_ms, tpot_ms=policy.tpot_ms)
+                                                ttft_ms=policy.ttft_ms, tpot_ms=policy.tpot_ms,
+                                                max_wait_s=policy.max_wait_s, max_waiting=policy.max_waiting)
         # A rotated key, while its overlap lasts, counts against its latest successor's limits (one bucket)
         limited = key
         for _ in range(MAX_ROTATIONS):

@@ -366,6 +366,11 @@ class SloPolicy(Base):
     sheddable: Mapped[bool] = mapped_column(Boolean, nullable=False, server_default=text("false"))
     #: The policy's tenants' share of their band's tokens under flow control, relative to the others' (1 = equal).
     weight: Mapped[float] = mapped_column(Float, nullable=False, server_default=text("1"))
+    #: The longest a request of the policy's class waits in a model's queue (null: the gateway's setting).
+    max_wait_s: Mapped[float | None] = mapped_column(Float)
+    #: How many of one tenant's requests may wait in a model's queue at once, per gateway process (null: no
+    #: bound but the queue's own size).
+    max_waiting: Mapped[int | None] = mapped_column(Integer)
     version: Mapped[int] = mapped_column(Integer, nullable=False, server_default=text("1"))
     created_at: Mapped[dt.datetime] = _created_at()
     updated_at: Mapped[dt.datetime] = _updated_at()
@@ -376,6 +381,8 @@ class SloPolicy(Base):
         CheckConstraint("percentile > 0 AND percentile <= 100", name="percentile_range"),
         CheckConstraint("priority BETWEEN 0 AND 100", name="priority_range"),
         CheckConstraint("weight > 0 AND weight <= 100", name="weight_range"),
+        CheckConstraint("max_wait_s > 0 AND max_wait_s <= 3600", name="max_wait_range"),
+        CheckConstraint("max_waiting >= 1 AND max_waiting <= 100000", name="max_waiting_range"),
     )
 
 

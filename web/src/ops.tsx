@@ -53,6 +53,8 @@ interface Policy {
   priority: number;
   sheddable: boolean;
   weight: number;
+  max_wait_s: number | null;
+  max_waiting: number | null;
 }
 interface Assignment {
   id: string;
@@ -670,12 +672,13 @@ export function SloPolicies() {
   const tenants = useApi<Tenant[]>("/ops/tenants");
   const models = useApi<Model[]>("/ops/models");
   const act = useAction(() => data.reload());
-  const [form, setForm] = useState({ name: "", ttft_ms: 500, tpot_ms: 50, percentile: 99, priority: 0, weight: 1, sheddable: false });
+  const [form, setForm] = useState({ name: "", ttft_ms: 500, tpot_ms: 50, percentile: 99, priority: 0, weight: 1, sheddable: false, max_wait_s: "", max_waiting: "" });
   const [asg, setAsg] = useState({ policy_id: "", tenant_id: "", model_id: "" });
   const [weight, setWeight] = useState<{ id: string; value: string } | null>(null);
   const create = (e: FormEvent) => {
     e.preventDefault();
-    act.run(() => api("/ops/slo-policies", { method: "POST", body: form }));
+    const body = { ...form, max_wait_s: form.max_wait_s === "" ? null : Number(form.max_wait_s), max_waiting: form.max_waiting === "" ? null : Number(form.max_waiting) };
+    act.run(() => api("/ops/slo-policies", { method: "POST", body }));
   };
   const saveWeight = async (e: FormEvent) => {
     e.preventDefault();
@@ -725,6 +728,17 @@ export function SloPolicies() {
             </div>
           </div>
           <p id="pol-weight-hint" className="hint">Weight: share of the band's tokens relative to other tenants (1 = equal).</p>
+          <div className="row">
+            <div>
+              <label htmlFor="pol-maxwait">Longest wait in the queue (s)</label>
+              <input id="pol-maxwait" type="number" min={0.001} max={3600} step="any" placeholder="gateway's" aria-describedby="pol-queue-hint" value={form.max_wait_s} onChange={(e) => setForm({ ...form, max_wait_s: e.target.value })} />
+            </div>
+            <div>
+              <label htmlFor="pol-maxwaiting">Waiting per tenant</label>
+              <input id="pol-maxwaiting" type="number" min={1} max={100000} step={1} placeholder="no bound" aria-describedby="pol-queue-hint" value={form.max_waiting} onChange={(e) => setForm({ ...form, max_waiting: e.target.value })} />
+            </div>
+          </div>
+          <p id="pol-queue-hint" className="hint">Under overload: how long a request may wait for room, and how many of one tenant's requests may wait at once (per gateway process); past either, 429 with Retry-After. Empty: the gateway's settings.</p>
           <label className="inline">
             <input type="checkbox" checked={form.sheddable} onChange={(e) => setForm({ ...form, sheddable: e.target.checked })} /> Sheddable under overload
           </label>
@@ -776,7 +790,7 @@ export function SloPolicies() {
             <Empty>No policies yet.</Empty>
           ) : (
             <table className="table">
-              <TableHead cols={["Name", "TTFT", "TPOT", "Percentile", "Priority", "Weight", "Sheddable", "Applies to"]} actions="Actions" />
+              <TableHead cols={["Name", "TTFT", "TPOT", "Percentile", "Priority", "Weight", "Queue", "Sheddable", "Applies to"]} actions="Actions" />
               <tbody>
                 {data.data.policies.map((p) => (
                   <tr key={p.id}>
@@ -805,6 +819,10 @@ export function SloPolicies() {
                           </button>
                         </>
                       )}
+                    </td>
+                    <td>
+                      {p.max_wait_s === null ? "gateway's wait" : `waits ≤ ${p.max_wait_s} s`}
+                      {p.max_waiting === null ? "" : `, ≤ ${p.max_waiting} waiting`}
                     </td>
                     <td>{p.sheddable ? "yes" : "no"}</td>
                     <td>

@@ -271,6 +271,32 @@ def test_slo_policy_weight_is_updated_audited_and_validated(client: TestClient, 
     assert client.get(f"/admin/v1/slo-policies/{p['id']}").json()["weight"] == 0.5
 
 
+def test_slo_policy_queue_bounds_are_set_cleared_audited_and_validated(client: TestClient, db) -> None:
+    p = client.post("/admin/v1/slo-policies", json={"name": unique("q"), "ttft_ms": 500, "tpot_ms": 50,
+                                                    "max_wait_s": 5, "max_waiting": 3}).json()
+    assert (p["max_wait_s"], p["max_waiting"]) == (5.0, 3)
+    assert _audit(db, p["id"], "slo_policy.create")[0].after["max_waiting"] == 3
+    plain = client.post("/admin/v1/slo-policies", json={"name": unique("q"), "ttft_ms": 500, "tpot_ms": 50}).json()
+    assert (plain["max_wait_s"], plain["max_waiting"]) == (None, None)  # the gateway's settings apply
+    # another field's change leaves them; an explicit null clears one, and only that one
+    r = client.patch(f"/admin/v1/slo-policies/{p['id']}", json={"priority": 30})
+    assert r.status_code == 200 and (r.json()["max_wait_s"], r.json()["max_waiting"]) == (5.0, 3)
+    r = client.patch(f"/admin/v1/slo-policies/{p['id']}", json={"max_waiting": None, "max_wait_s": 2.5})
+    assert r.status_code == 200 and (r.json()["max_wait_s"], r.json()["max_waiting"]) == (2.5, None)
+    row = _audit(db, p["id"], "slo_policy.update")[-1]
+    assert row.before["max_waiting"] == 3 and row.after["max_waiting"] is None
+    # a null where null means nothing (a required field) changes nothing
+    r = client.patch(f"/admin/v1/slo-policies/{p['id']}", json={"weight": None})
+    assert r.status_code == 200 and r.json()["weight"] == 1.0
+    for field, value in (("max_wait_s", 0), ("max_wait_s", 3601), ("max_waiting", 0), ("max_waiting", 1.5)):
+        bad = client.post("/admin/v1/slo-policies", json={"name": unique("q"), "ttft_ms": 500, "tpot_ms": 50,
+                                                          field: value})
+        assert bad.status_code == 422 and bad.json()["param"] == field, bad.text
+        bad = client.patch(f"/admin/v1/slo-policies/{p['id']}", json={field: value})
+        assert bad.status_code == 422 and bad.json()["param"] == field
+    assert client.get(f"/admin/v1/slo-policies/{p['id']}").json()["max_wait_s"] == 2.5
+
+
 def test_usage_and_requests_page_and_filter(client: TestClient, db) -> None:
     t = make_tenant(client)
     tid = uuid.UUID(t["id"])

@@ -609,3 +609,25 @@ async def test_a_model_coming_out_of_an_idle_spell_does_not_refuse_a_floods_firs
     for t in tasks:
         t.cancel()
     await settle()
+
+
+async def test_a_class_waits_at_most_its_own_ttl_and_holds_at_most_its_own_number_waiting() -> None:
+    f = flow(1, ttl_s=30.0)
+    await f.enter(Ticket(C, FlowClass(), 1))
+    quick = FlowClass(name="interactive", max_wait_s=0.05)
+    with pytest.raises(FlowRejected) as err:
+        await f.enter(Ticket(A, quick, 1))
+    assert err.value.reason == "ttl" and "0.05 s" in err.value.message and f.waiting == 0
+    capped = FlowClass(name="batch", max_waiting=2)
+    waiting = [asyncio.create_task(f.enter(Ticket(B, capped, 1))) for _ in range(2)]
+    await settle()
+    with pytest.raises(FlowRejected) as full:
+        await f.enter(Ticket(B, capped, 1))
+    assert full.value.reason == "queue_full" and "batch" in full.value.message and f.waiting == 2
+    # the bound is the tenant's: another tenant of the same class still waits
+    other = asyncio.create_task(f.enter(Ticket(A, capped, 1)))
+    await settle()
+    assert not other.done() and f.waiting == 3
+    for t in [*waiting, other]:
+        t.cancel()
+    await settle()
