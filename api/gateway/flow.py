@@ -79,6 +79,9 @@ from baton.core.contracts import (
 
 log = logging.getLogger(__name__)
 
+#: Seconds of a run of traffic the dispatch rate must rest on before a wait predicted from it refuses a request.
+RATE_SETTLED_S = 5.0
+
 #: Prompt and generated tokens' weights in a tenant's counter (VTC's w_p, w_q: a generated token costs
 #: the engine about twice a prompt token's time; the paper's own choice).
 PROMPT_WEIGHT = 1.0
@@ -165,24 +168,35 @@ class _Band:
 
 
 class _Rate:
-    """An exponentially weighted rate of events per second (the queue's dispatches)."""
+    """An exponentially weighted rate of events per second (the queue's dispatches). A gap of more than
+    ``idle_s`` starts it afresh: the rate of a model coming out of an idle spell is its new traffic's, not
+    an average dragged down by the spell (which would read a flood's first seconds as a trickle)."""
 
-    __slots__ = ("_t", "half_life_s", "value")
+    __slots__ = ("_t", "half_life_s", "idle_s", "since", "value")
 
-    def __init__(self, half_life_s: float = 10.0) -> None:
+    def __init__(self, half_life_s: float = 10.0, idle_s: float = 30.0) -> None:
         self.half_life_s = half_life_s
+        self.idle_s = idle_s
         self.value: float | None = None
+        self.since: float | None = None  #: the first event of the current run of traffic
         self._t: float | None = None
 
     def event(self, now: float) -> None:
-        if self._t is None:
-            self._t = now
+        if self._t is None or now - self._t > self.idle_s:
+            self._t = self.since = now
+            self.value = None
             return
         dt = max(now - self._t, 1e-3)
         self._t = now
         a = 1 - 0.5 ** (dt / self.half_life_s)
         inst = 1.0 / dt
         self.value = inst if self.value is None else self.value + a * (inst - self.value)
+
+    def settled(self, now: float, min_s: float) -> float | None:
+        """The rate, once it rests on at least ``min_s`` of the current traffic (else None)."""
+        if self.value is None or self.since is None or now - self.since < min_s:
+            return None
+        return self.value
 
 
 class _FractionalSlot:
@@ -248,9 +262,6 @@ class ModelFlow:
         self._running: dict[uuid.UUID, list[Ticket]] = {}
         self._counters: dict[uuid.UUID, float] = {}
         self._dispatch_rate = _Rate()
-        #: The same over a short half-life: after an idle spell the 10 s average still reads the idle rate for
-        #: seconds, and a bound that refuses on a wait would refuse a flood's first seconds for nothing
-        self._dispatch_rate_now = _Rate(half_life_s=1.0)
         self.ttft_s: float | None = None  #: measured upstream time to first token (EWMA)
         # per-tenant figures, read by the metrics and the console
         self.shed: dict[tuple[uuid.UUID, str], int] = {}
@@ -433,12 +444,12 @@ class ModelFlow:
         """How long ``ticket`` would wait behind its own tenant's requests already waiting in its band, at the
         tenant's weighted share of the measured dispatch rate (its weight over the weights waiting in the band,
         its own included); None when its tenant has nothing waiting (its first request goes by its counter's
-        turn) or no rate is measured yet. The rate is the higher of a 10 s and a 1 s average (a model coming
-        out of an idle spell is not judged by it), and higher bands only make the wait longer: this is a lower
-        bound, so a refused request would not have started in time."""
+        turn) or the rate does not yet rest on ``RATE_SETTLED_S`` of the current traffic (a model coming out of
+        an idle spell is not judged on its first dispatches). Higher bands only make the wait longer: this is a
+        lower bound, so a refused request would not have started in time."""
         band = self._bands.get(ticket.cls.priority)
         mine = self._waiting_of(ticket)
-        rate = max(self._dispatch_rate.value or 0.0, self._dispatch_rate_now.value or 0.0)
+        rate = self._dispatch_rate.settled(self.clock(), RATE_SETTLED_S)
         if not mine or not rate or band is None:
             return None
         share = ticket.cls.weight / max(band.weight(), ticket.cls.weight)
@@ -616,9 +627,7 @@ class ModelFlow:
         self.served_tokens.setdefault(ticket.tenant, [0, 0])[0] += ticket.prompt_tokens
         if waited_s:
             self.queued_s[ticket.tenant] = self.queued_s.get(ticket.tenant, 0.0) + waited_s
-        now = self.clock()
-        self._dispatch_rate.event(now)  # every start, queued or not: one event each
-        self._dispatch_rate_now.event(now)
+        self._dispatch_rate.event(self.clock())  # every start, queued or not: one event each
 
     def _charge_decode(self, ticket: Ticket, tokens: int) -> None:
         extra = max(tokens - ticket.charged_decode, 0)
