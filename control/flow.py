@@ -19,7 +19,14 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from baton.core import errors
-from baton.core.contracts import EngineLoad, engine_load_match, flow_view_match, parse_engine_load, parse_flow_view
+from baton.core.contracts import (
+    ENGINE_LOAD_INDEX,
+    FLOW_VIEW_INDEX,
+    EngineLoad,
+    index_live_from,
+    parse_engine_load,
+    parse_flow_view,
+)
 from baton.core.db import Database
 
 log = logging.getLogger(__name__)
@@ -239,9 +246,10 @@ def _model(name: str, m: dict[str, Any], names: Mapping[uuid.UUID, tuple[str, st
 # --- Redis and Postgres -----------------------------------------------------------------------------
 
 def read_flow_views(redis: Any) -> list[ProcessView]:
-    """Every gateway process's stored view (``redis``: a synchronous ``redis.Redis``): SCAN by the prefix,
-    then MGET; a view that expired in between or does not parse is left out."""
-    keys = sorted(set(redis.scan_iter(match=flow_view_match(), count=MGET_BATCH)))
+    """Every gateway process's stored view (``redis``: a synchronous ``redis.Redis``): the live keys from their
+    index (:data:`baton.core.contracts.FLOW_VIEW_INDEX`), then MGET; a view that expired or does not parse is
+    left out."""
+    keys = sorted(set(redis.zrangebyscore(FLOW_VIEW_INDEX, index_live_from(time.time()), "+inf")))
     out: list[ProcessView] = []
     for i in range(0, len(keys), MGET_BATCH):
         for raw in redis.mget(keys[i:i + MGET_BATCH]):
@@ -254,7 +262,7 @@ def read_flow_views(redis: Any) -> list[ProcessView]:
 def read_engine_loads(redis: Any) -> list[EngineLoad]:
     """Every engine's latest load report (``redis``: a synchronous ``redis.Redis``), as
     :func:`read_flow_views` reads the views."""
-    keys = sorted(set(redis.scan_iter(match=engine_load_match(), count=MGET_BATCH)))
+    keys = sorted(set(redis.zrangebyscore(ENGINE_LOAD_INDEX, index_live_from(time.time()), "+inf")))
     out: list[EngineLoad] = []
     for i in range(0, len(keys), MGET_BATCH):
         out.extend(x for raw in redis.mget(keys[i:i + MGET_BATCH]) if (x := parse_engine_load(raw)) is not None)

@@ -25,11 +25,13 @@ from typing import Any
 from baton.core.contracts import (
     ENGINE_LOAD_BUSY_TTL_S,
     ENGINE_LOAD_IDLE_TTL_S,
+    ENGINE_LOAD_INDEX,
     ENGINE_LOAD_INTERVAL_S,
     EngineLoad,
     ReplicaEnv,
     engine_load_key,
     engine_load_message,
+    indexed_set,
 )
 from baton.dataplane import facts
 
@@ -128,7 +130,10 @@ class EngineLoadLogger:
     @staticmethod
     async def _set(client: Any, load: EngineLoad, ttl_s: int) -> None:
         try:
-            await client.set(engine_load_key(load.model, load.engine), engine_load_message(load), ex=ttl_s)
+            async with client.pipeline(transaction=False) as pipe:
+                indexed_set(pipe, ENGINE_LOAD_INDEX, engine_load_key(load.model, load.engine),
+                            engine_load_message(load), ttl_s, now=time.time())
+                await pipe.execute()
         except Exception as exc:  # Redis down: flow control goes on with the gateway's own measures
             log.debug("engine load not written: %s", type(exc).__name__)
 

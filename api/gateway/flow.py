@@ -67,12 +67,14 @@ from typing import Any
 from baton.api.gateway.capacity import Capacities
 from baton.core import errors
 from baton.core.contracts import (
+    ENGINE_LOAD_INDEX,
+    FLOW_VIEW_INDEX,
     FLOW_VIEW_TTL_S,
     EngineLoad,
-    engine_load_match,
     flow_view_key,
-    flow_view_match,
     flow_view_message,
+    index_live_from,
+    indexed_set,
     parse_engine_load,
     parse_flow_view,
 )
@@ -738,9 +740,12 @@ class ViewPublisher:
         """Writes this process's view, then reads the others' back into the queues (:meth:`merge_remote`)."""
         if not self.flow.models:
             return
-        await self.redis.set(flow_view_key(self.process), flow_view_message(self.process, self.flow.view()),
-                             ex=FLOW_VIEW_TTL_S)
-        keys = [k async for k in self.redis.scan_iter(match=flow_view_match(), count=100)]
+        now = time.time()
+        async with self.redis.pipeline(transaction=False) as pipe:
+            indexed_set(pipe, FLOW_VIEW_INDEX, flow_view_key(self.process),
+                        flow_view_message(self.process, self.flow.view()), FLOW_VIEW_TTL_S, now=now)
+            pipe.zrangebyscore(FLOW_VIEW_INDEX, index_live_from(now), "+inf")
+            keys = (await pipe.execute())[-1]
         mine = flow_view_key(self.process)
         others = [k for k in keys if (k.decode() if isinstance(k, bytes) else k) != mine]
         views = [parse_flow_view(raw) for raw in (await self.redis.mget(others) if others else [])]
@@ -769,9 +774,9 @@ class ViewPublisher:
 
 
 async def read_engine_loads(redis: Any) -> dict[str, list[EngineLoad]]:
-    """Model -> its engines' latest reports (``redis``: an asyncio client); reports that expired between the
-    SCAN and the MGET, or do not parse, are left out."""
-    keys = [k async for k in redis.scan_iter(match=engine_load_match(), count=100)]
+    """Model -> its engines' latest reports (``redis``: an asyncio client), found through their index; reports
+    that expired, or do not parse, are left out."""
+    keys = await redis.zrangebyscore(ENGINE_LOAD_INDEX, index_live_from(time.time()), "+inf")
     out: dict[str, list[EngineLoad]] = {}
     for raw in (await redis.mget(keys) if keys else []):
         load = parse_engine_load(raw)

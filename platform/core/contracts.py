@@ -450,6 +450,30 @@ def parse_invalidation(message: bytes | str) -> tuple[str, uuid.UUID | None] | N
         return None
 
 
+# --- indexed, expiring keys -------------------------------------------------------------------------
+
+#: A reader finds the live keys of a kind (each gateway process's flow view, each engine's load) through a
+#: sorted set of its own, never by SCAN: a SCAN walks the whole keyspace (an LMCache tier on the same Redis
+#: holds tens of thousands of keys), once a second in every gateway process. Each member is a key, scored by
+#: the wall-clock time it expires; the key itself expires in Redis, so a member whose key is gone reads as
+#: nothing, and writers trim members past ``INDEX_SLACK_S``.
+INDEX_SLACK_S = 60.0
+
+
+def indexed_set(pipe: Any, index: str, key: str, value: bytes, ttl_s: float, *, now: float) -> None:
+    """Queues on ``pipe`` (a Redis pipeline, synchronous or asyncio) the write of ``key`` expiring after
+    ``ttl_s`` and its entry in ``index``; the caller executes it."""
+    pipe.set(key, value, ex=max(math.ceil(ttl_s), 1))
+    pipe.zadd(index, {key: now + ttl_s})
+    pipe.zremrangebyscore(index, "-inf", now - INDEX_SLACK_S)
+
+
+def index_live_from(now: float) -> float:
+    """The lowest score of a member that may still be live (``ZRANGEBYSCORE index <this> +inf``): clocks of
+    two hosts may disagree by a few seconds, and a key already gone reads as nothing anyway."""
+    return now - 5.0
+
+
 # --- flow-control views ----------------------------------------------------------------------------
 
 #: Each gateway process writes its flow-control queues (one JSON list of model views, as
@@ -457,15 +481,12 @@ def parse_invalidation(message: bytes | str) -> tuple[str, uuid.UUID | None] | N
 #: expiring after :data:`FLOW_VIEW_TTL_S`: a process that stopped drops out of the operators' view by itself.
 FLOW_VIEW_PREFIX = "baton:flow:view:"
 FLOW_VIEW_TTL_S = 10
+#: The live views' keys (:func:`indexed_set`).
+FLOW_VIEW_INDEX = "baton:flow:views"
 
 
 def flow_view_key(process: str) -> str:
     return FLOW_VIEW_PREFIX + process
-
-
-def flow_view_match() -> str:
-    """The Redis SCAN pattern of every process's view (the prefix, its glob characters escaped)."""
-    return "".join("\\" + c if c in "*?[]\\" else c for c in FLOW_VIEW_PREFIX) + "*"
 
 
 def flow_view_message(process: str, models: list[dict[str, Any]]) -> bytes:
@@ -491,8 +512,8 @@ def parse_flow_view(message: bytes | str | None) -> tuple[str, list[dict[str, An
 
 #: Each vLLM engine of a Serve deployment writes its scheduler's load (:class:`EngineLoad`, from vLLM's
 #: per-step scheduler stats, averaged over the time between two writes) to
-#: ``ENGINE_LOAD_PREFIX + <model> + ":" + <engine>``: while it steps, at most every
-#: :data:`ENGINE_LOAD_INTERVAL_S`, expiring after :data:`ENGINE_LOAD_BUSY_TTL_S` (an engine that stops
+#: ``ENGINE_LOAD_PREFIX + <model> + ":" + <engine>`` (listed in :data:`ENGINE_LOAD_INDEX`): while it steps,
+#: at most every :data:`ENGINE_LOAD_INTERVAL_S`, expiring after :data:`ENGINE_LOAD_BUSY_TTL_S` (an engine that stops
 #: stepping or dies drops out by itself); when it goes idle, once, expiring after
 #: :data:`ENGINE_LOAD_IDLE_TTL_S`. Writer: ``baton.dataplane.engine_load``; readers: the gateway's flow
 #: control (``baton.api.gateway.flow.ViewPublisher``) and the operators' view (``baton.control.flow``).
@@ -500,6 +521,8 @@ ENGINE_LOAD_PREFIX = "baton:engine:load:"
 ENGINE_LOAD_INTERVAL_S = 0.5
 ENGINE_LOAD_BUSY_TTL_S = 3
 ENGINE_LOAD_IDLE_TTL_S = 60
+#: The live engine loads' keys (:func:`indexed_set`).
+ENGINE_LOAD_INDEX = "baton:engine:loads"
 
 
 @dataclass(frozen=True, slots=True)
@@ -523,11 +546,6 @@ class EngineLoad:
 
 def engine_load_key(model: str, engine: str) -> str:
     return f"{ENGINE_LOAD_PREFIX}{model}:{engine}"
-
-
-def engine_load_match() -> str:
-    """The Redis SCAN pattern of every engine's load (the prefix, its glob characters escaped)."""
-    return "".join("\\" + c if c in "*?[]\\" else c for c in ENGINE_LOAD_PREFIX) + "*"
 
 
 def engine_load_message(load: EngineLoad) -> bytes:

@@ -7,13 +7,14 @@ from __future__ import annotations
 import datetime as dt
 import re
 import shutil
+import time
 import uuid
 
 import pytest
 from playwright.sync_api import expect
 
 from baton.core import models as m
-from baton.core.contracts import flow_view_key, flow_view_message
+from baton.core.contracts import FLOW_VIEW_INDEX, flow_view_key, flow_view_message, indexed_set
 
 from .conftest import Stack, operator_page, shot
 from .test_console import grant, sign_up
@@ -37,7 +38,10 @@ def test_the_queues_page_renders_a_model_row(browser, stack: Stack, settings) ->
                  {"tenant_id": tid, "running": 3, "waiting": 4, "prompt_tokens": 900, "completion_tokens": 300,
                   "queued_s": 2.0, "rejected": {"queue_full": 2}}]}]
     r = redis.Redis.from_url(settings.redis.url)
-    r.set(flow_view_key(process), flow_view_message(process, view), ex=120)
+    pipe = r.pipeline(transaction=False)
+    indexed_set(pipe, FLOW_VIEW_INDEX, flow_view_key(process), flow_view_message(process, view), 120,
+                now=time.time())
+    pipe.execute()
     ops = operator_page(browser, stack)
     try:
         ops.get_by_role("link", name="Queues").click()

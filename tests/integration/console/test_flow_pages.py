@@ -5,10 +5,11 @@ request records."""
 from __future__ import annotations
 
 import datetime as dt
+import time
 import uuid
 
 from baton.core import models as m
-from baton.core.contracts import flow_view_key, flow_view_message
+from baton.core.contracts import FLOW_VIEW_INDEX, flow_view_key, flow_view_message, indexed_set
 from baton.core.db import Database
 
 from .conftest import Session, SignUp, add_model, grant
@@ -26,7 +27,10 @@ def test_operators_see_the_merged_queues_with_tenant_names(console_app, operator
            "queued_s": 0.7, "rejected": {"queue_full": 1}}
     view = [{"model": model, "limit": 2, "running": 2, "waiting": 3, "bands": {"50": 3}, "dispatch_per_s": 1.5,
              "upstream_ttft_s": 0.1, "tenants": [row]}]
-    redis.set(flow_view_key(process), flow_view_message(process, view), ex=30)
+    pipe = redis.pipeline(transaction=False)
+    indexed_set(pipe, FLOW_VIEW_INDEX, flow_view_key(process), flow_view_message(process, view), 30,
+                now=time.time())
+    pipe.execute()
     try:
         r = operator.get(f"{API}/ops/flow")
         assert r.status_code == 200, r.text

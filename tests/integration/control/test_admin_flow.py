@@ -16,13 +16,16 @@ import pytest
 from fastapi.testclient import TestClient
 
 from baton.core.contracts import (
+    ENGINE_LOAD_INDEX,
     ENGINE_LOAD_PREFIX,
+    FLOW_VIEW_INDEX,
     FLOW_VIEW_PREFIX,
     EngineLoad,
     engine_load_key,
     engine_load_message,
     flow_view_key,
     flow_view_message,
+    indexed_set,
 )
 
 from .conftest import ADMIN_TOKEN, unique
@@ -35,6 +38,13 @@ def _clear(r) -> None:  # type: ignore[no-untyped-def]
     for prefix in (FLOW_VIEW_PREFIX, ENGINE_LOAD_PREFIX):
         for key in r.scan_iter(match=prefix + "*"):
             r.delete(key)
+    r.delete(FLOW_VIEW_INDEX, ENGINE_LOAD_INDEX)
+
+
+def _put(r, index: str, key: str, value: bytes) -> None:  # type: ignore[no-untyped-def]
+    pipe = r.pipeline(transaction=False)
+    indexed_set(pipe, index, key, value, 60, now=time.time())
+    pipe.execute()
 
 
 @pytest.fixture(scope="module")
@@ -87,9 +97,14 @@ def test_two_processes_views_merge_per_model_and_tenant(flow_client: TestClient,
                                               _tenant_row(gone, waiting=0)]},
          {"model": "warming-up", "limit": None, "running": 1, "waiting": 0, "bands": {}, "dispatch_per_s": None,
           "upstream_ttft_s": None, "tenants": []}]
-    flow_redis.set(flow_view_key("gw-a:1"), flow_view_message("gw-a:1", a), ex=60)
-    flow_redis.set(flow_view_key("gw-b:2"), flow_view_message("gw-b:2", b), ex=60)
-    flow_redis.set(flow_view_key("gw-broken:3"), b"not json", ex=60)
+    _put(flow_redis, FLOW_VIEW_INDEX, flow_view_key("gw-a:1"), flow_view_message("gw-a:1", a))
+    _put(flow_redis, FLOW_VIEW_INDEX, flow_view_key("gw-b:2"), flow_view_message("gw-b:2", b))
+    _put(flow_redis, FLOW_VIEW_INDEX, flow_view_key("gw-broken:3"), b"not json")
+    # a view whose key expired (or was never there) is left out, its index entry notwithstanding
+    _put(flow_redis, FLOW_VIEW_INDEX, flow_view_key("gw-gone:4"), flow_view_message("gw-gone:4", a))
+    flow_redis.delete(flow_view_key("gw-gone:4"))
+    # keys that only look like views are not views: readers never scan the keyspace
+    flow_redis.set(flow_view_key("gw-unindexed:5"), flow_view_message("gw-unindexed:5", a), ex=60)
     # the engines' own load reports, as baton.dataplane.engine_load writes them (one model has no gateway view)
     now = time.time()
     for load in (EngineLoad(model=model, engine="h:11", role="prefill", running=1.0, waiting=0.0, kv_usage=0.1,
@@ -98,8 +113,8 @@ def test_two_processes_views_merge_per_model_and_tenant(flow_client: TestClient,
                             steps=9, at=now - 0.2),
                  EngineLoad(model="idle-model", engine="h:13", role="both", running=0.0, waiting=0.0, kv_usage=0.0,
                             steps=1, at=now - 20)):
-        flow_redis.set(engine_load_key(load.model, load.engine), engine_load_message(load), ex=60)
-    flow_redis.set(ENGINE_LOAD_PREFIX + "broken:1", b"{", ex=60)
+        _put(flow_redis, ENGINE_LOAD_INDEX, engine_load_key(load.model, load.engine), engine_load_message(load))
+    _put(flow_redis, ENGINE_LOAD_INDEX, ENGINE_LOAD_PREFIX + "broken:1", b"{")
 
     r = flow_client.get("/admin/v1/flow")
     assert r.status_code == 200, r.text

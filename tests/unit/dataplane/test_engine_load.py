@@ -14,11 +14,32 @@ from baton.dataplane import engine_load, facts
 
 
 class FakeRedis:
+    """What the writer queues on an asyncio pipeline: each key written and its index entry."""
+
     def __init__(self) -> None:
         self.sets: list[tuple[str, bytes, int]] = []
+        self.index: dict[str, dict[str, float]] = {}
 
-    async def set(self, key: str, value: bytes, ex: int) -> None:
+    def pipeline(self, transaction: bool = True) -> FakeRedis:
+        return self
+
+    async def __aenter__(self) -> FakeRedis:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        return None
+
+    def set(self, key: str, value: bytes, ex: int) -> None:
         self.sets.append((key, value, ex))
+
+    def zadd(self, index: str, mapping: dict[str, float]) -> None:
+        self.index.setdefault(index, {}).update(mapping)
+
+    def zremrangebyscore(self, index: str, low: object, high: object) -> None:
+        pass
+
+    async def execute(self) -> list[object]:
+        return []
 
 
 def stats(running: int, waiting: int = 0, kv: float = 0.2) -> Any:
@@ -96,5 +117,6 @@ def test_install_adds_one_logger_per_engine_through_vllms_adapter(monkeypatch: p
     [(key, value, _)] = redis.sets
     load = c.parse_engine_load(value)
     assert load is not None and load.role == "prefill" and key == c.engine_load_key("tiny", load.engine)
+    assert list(redis.index[c.ENGINE_LOAD_INDEX]) == [key]  # readers find it through the index
     # an engine that keeps no stats gets nothing
     assert not engine_load.install(SimpleNamespace(logger_manager=None, vllm_config=config))
