@@ -4,6 +4,7 @@ error banner, no script error. A new tenant from its sign-up, and an operator.""
 from __future__ import annotations
 
 import re
+import uuid
 from collections.abc import Iterator
 from typing import Any
 
@@ -60,9 +61,22 @@ def test_a_new_tenants_pages_fit_the_screen(sized, stack: Stack) -> None:  # typ
     assert errors == []
 
 
+def _long_named_policy(stack: Stack) -> None:
+    """A policy whose name cannot wrap (as an API client may name one), with every column filled: the
+    policies table is the widest of the operators' pages."""
+    from baton.core import models as m
+
+    with stack.db.system() as uow:
+        uow.slo_policies.add(m.SloPolicy(name="policy-" + uuid.uuid4().hex * 2 + "-without-a-space-to-wrap-at",
+                                         ttft_ms=500, tpot_ms=50, priority=90, weight=12.5, max_wait_s=1800.5,
+                                         max_waiting=100000))
+        uow.commit()
+
+
 def test_the_operators_pages_fit_the_screen(sized, stack: Stack) -> None:  # type: ignore[no-untyped-def]
     name, page, errors = sized
     width = VIEWPORTS[name][0]
+    _long_named_policy(stack)
     page.goto("/console/login")
     page.get_by_label("Email").fill(stack.operator_email)
     page.get_by_label("Password").fill(PASSWORD)

@@ -789,68 +789,70 @@ export function SloPolicies() {
           {data.data.policies.length === 0 ? (
             <Empty>No policies yet.</Empty>
           ) : (
-            <table className="table">
-              <TableHead cols={["Name", "TTFT", "TPOT", "Percentile", "Priority", "Weight", "Queue", "Sheddable", "Applies to"]} actions="Actions" />
-              <tbody>
-                {data.data.policies.map((p) => (
-                  <tr key={p.id}>
-                    <th scope="row">{p.name}</th>
-                    <td>{p.ttft_ms} ms</td>
-                    <td>{p.tpot_ms} ms</td>
-                    <td>p{p.percentile}</td>
-                    <td>{p.priority}</td>
-                    <td>
-                      {weight?.id === p.id ? (
-                        <form className="row cell-form" onSubmit={saveWeight}>
-                          <input type="number" min={0.01} max={100} step="any" required aria-label={`Weight of ${p.name}`} aria-describedby="pol-weight-hint"
-                            value={weight.value} onChange={(e) => setWeight({ id: p.id, value: e.target.value })} />
-                          <button type="submit" disabled={act.busy}>
-                            Save <span className="sr-only">{`weight of ${p.name}`}</span>
-                          </button>
-                          <button type="button" className="secondary" onClick={() => setWeight(null)}>
-                            Cancel
-                          </button>
-                        </form>
-                      ) : (
-                        <>
-                          {p.weight}{" "}
-                          <button type="button" className="link" disabled={act.busy} onClick={() => setWeight({ id: p.id, value: String(p.weight) })}>
-                            Edit <span className="sr-only">{`weight of ${p.name}`}</span>
-                          </button>
-                        </>
-                      )}
-                    </td>
-                    <td>
-                      {p.max_wait_s === null ? "gateway's wait" : `waits ≤ ${p.max_wait_s} s`}
-                      {p.max_waiting === null ? "" : `, ≤ ${p.max_waiting} waiting`}
-                    </td>
-                    <td>{p.sheddable ? "yes" : "no"}</td>
-                    <td>
-                      {data.data!.assignments.filter((a) => a.policy_id === p.id).length === 0 && <span className="muted">not assigned</span>}
-                      <ul className="plain">
-                        {data.data!.assignments
-                          .filter((a) => a.policy_id === p.id)
-                          .map((a) => (
-                            <li key={a.id}>
-                              {tenantName(a.tenant_id)} / {modelName(a.model_id)}{" "}
-                              <button type="button" className="link danger" disabled={act.busy}
-                                onClick={() => act.confirmed(`Stop applying “${p.name}” to ${tenantName(a.tenant_id)} / ${modelName(a.model_id)}? A less specific assignment applies instead, if any.`, () => api(`/ops/slo-assignments/${a.id}`, { method: "DELETE" }))}>
-                                Unassign <span className="sr-only">{`${p.name} from ${tenantName(a.tenant_id)} / ${modelName(a.model_id)}`}</span>
-                              </button>
-                            </li>
-                          ))}
-                      </ul>
-                    </td>
-                    <td className="actions">
-                      <button type="button" className="danger" disabled={act.busy}
-                        onClick={() => act.confirmed(`Delete the policy “${p.name}”? Its assignments go with it; deployments that used it keep running without one.`, () => api(`/ops/slo-policies/${p.id}`, { method: "DELETE" }))}>
-                        Delete <span className="sr-only">{p.name}</span>
-                      </button>
-                    </td>
-                  </tr>
-                ))}
-              </tbody>
-            </table>
+            <div className="table-scroll">
+              <table className="table">
+                <TableHead cols={["Name", "TTFT", "TPOT", "Percentile", "Priority", "Weight", "Queue", "Sheddable", "Applies to"]} actions="Actions" />
+                <tbody>
+                  {data.data.policies.map((p) => (
+                    <tr key={p.id}>
+                      <th scope="row">{p.name}</th>
+                      <td>{p.ttft_ms} ms</td>
+                      <td>{p.tpot_ms} ms</td>
+                      <td>p{p.percentile}</td>
+                      <td>{p.priority}</td>
+                      <td>
+                        {weight?.id === p.id ? (
+                          <form className="row cell-form" onSubmit={saveWeight}>
+                            <input type="number" min={0.01} max={100} step="any" required aria-label={`Weight of ${p.name}`} aria-describedby="pol-weight-hint"
+                              value={weight.value} onChange={(e) => setWeight({ id: p.id, value: e.target.value })} />
+                            <button type="submit" disabled={act.busy}>
+                              Save <span className="sr-only">{`weight of ${p.name}`}</span>
+                            </button>
+                            <button type="button" className="secondary" onClick={() => setWeight(null)}>
+                              Cancel
+                            </button>
+                          </form>
+                        ) : (
+                          <>
+                            {p.weight}{" "}
+                            <button type="button" className="link" disabled={act.busy} onClick={() => setWeight({ id: p.id, value: String(p.weight) })}>
+                              Edit <span className="sr-only">{`weight of ${p.name}`}</span>
+                            </button>
+                          </>
+                        )}
+                      </td>
+                      <td>
+                        {p.max_wait_s === null ? "gateway's wait" : `waits ≤ ${p.max_wait_s} s`}
+                        {p.max_waiting === null ? "" : `, ≤ ${p.max_waiting} waiting`}
+                      </td>
+                      <td>{p.sheddable ? "yes" : "no"}</td>
+                      <td>
+                        {data.data!.assignments.filter((a) => a.policy_id === p.id).length === 0 && <span className="muted">not assigned</span>}
+                        <ul className="plain">
+                          {data.data!.assignments
+                            .filter((a) => a.policy_id === p.id)
+                            .map((a) => (
+                              <li key={a.id}>
+                                {tenantName(a.tenant_id)} / {modelName(a.model_id)}{" "}
+                                <button type="button" className="link danger" disabled={act.busy}
+                                  onClick={() => act.confirmed(`Stop applying “${p.name}” to ${tenantName(a.tenant_id)} / ${modelName(a.model_id)}? A less specific assignment applies instead, if any.`, () => api(`/ops/slo-assignments/${a.id}`, { method: "DELETE" }))}>
+                                  Unassign <span className="sr-only">{`${p.name} from ${tenantName(a.tenant_id)} / ${modelName(a.model_id)}`}</span>
+                                </button>
+                              </li>
+                            ))}
+                        </ul>
+                      </td>
+                      <td className="actions">
+                        <button type="button" className="danger" disabled={act.busy}
+                          onClick={() => act.confirmed(`Delete the policy “${p.name}”? Its assignments go with it; deployments that used it keep running without one.`, () => api(`/ops/slo-policies/${p.id}`, { method: "DELETE" }))}>
+                          Delete <span className="sr-only">{p.name}</span>
+                        </button>
+                      </td>
+                    </tr>
+                  ))}
+                </tbody>
+              </table>
+            </div>
           )}
           <span className="sr-only">{data.data.assignments.map((a) => policyName(a.policy_id)).join(", ")}</span>
         </div>

@@ -288,7 +288,8 @@ def test_frame_buffers_written_once_are_reused_without_mixing_chunks(kind, tmp_p
         src_first, src_second = paged_cache("random"), [torch.randn_like(c) for c in paged_cache("zeros")]
         writer.store(first, src_first)
         wait_for(lambda: all(t.stored(writer, k) for k in writer.keys(first)))
-        assert conn._spare  # the written frames' buffers are kept ...
+        # the written frames' buffers are kept (once each put has returned, a moment after its key is visible) ...
+        wait_for(lambda: bool(conn._spare))
         writer.store(second, src_second)  # ... and written into again
         wait_for(lambda: all(t.stored(writer, k) for k in writer.keys(second)))
         reader = t.engine()
