@@ -160,8 +160,7 @@ class AdaptiveLimit:
         self._ttft: dict[int, _Signal] = {}
         self._last_ttft: _Signal | None = None  #: the prompt class of the latest request
         self.gradient = 1.0  #: the last update's gradient (1: at the floor), for the metrics
-        #: The engines' latest fresh reports, and why they hold the limit back (None: they do not)
-        self.engines: list[EngineLoad] = []
+        #: Why the engines' latest fresh reports hold the limit back (None: they do not)
         self.engine_pressure: str | None = None
         self._engine_seen: dict[str, float] = {}  #: engine -> the time of its report already acted on
 
@@ -244,7 +243,6 @@ class AdaptiveLimit:
         s = self.settings
         now = time.time() if now is None else now
         fresh = [x for x in loads if now - x.at <= s.engine_fresh_s]
-        self.engines = sorted(fresh, key=lambda x: (x.role, x.engine))
         pools: dict[str, list[EngineLoad]] = {}
         for x in fresh:
             pools.setdefault(x.role, []).append(x)

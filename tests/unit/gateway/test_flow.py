@@ -49,6 +49,22 @@ async def settle() -> None:
         await asyncio.sleep(0)
 
 
+async def dispatch_steadily(f: ModelFlow, now: dict[str, float], running: Ticket, tenant: uuid.UUID, n: int,
+                            every_s: float) -> tuple[Ticket, list[asyncio.Task[None]]]:
+    """``n`` dispatches ``every_s`` apart on a queue of one place (the measured dispatch rate): each time a new
+    request of ``tenant`` waits, then the running one leaves. Returns the one running at the end and the tasks."""
+    tasks = []
+    for _ in range(n):
+        now["t"] += every_s
+        t = Ticket(tenant, FlowClass(), 1)
+        tasks.append(asyncio.create_task(f.enter(t)))
+        await settle()
+        f.leave(running, 1)
+        await settle()
+        running = t
+    return running, tasks
+
+
 async def test_no_capacity_view_means_no_queue() -> None:
     f = flow(None)
     tickets = [Ticket(A, FlowClass(), 10) for _ in range(50)]
@@ -210,15 +226,7 @@ async def test_a_sheddable_class_is_shed_when_its_predicted_ttft_misses_the_targ
     f.first_token(0.2)
     running = Ticket(A, FlowClass(), 1)
     await f.enter(running)
-    waiting = []
-    for _i in range(10):  # one dispatch a second: the measured rate
-        now["t"] += 1.0
-        t = Ticket(A, FlowClass(), 1)
-        waiting.append(asyncio.create_task(f.enter(t)))
-        await settle()
-        f.leave(running, 1)
-        await settle()
-        running = t
+    running, waiting = await dispatch_steadily(f, now, running, A, 10, 1.0)  # one a second
     more = [asyncio.create_task(f.enter(Ticket(A, FlowClass(), 1))) for _ in range(5)]
     await settle()
     # five ahead at ~1/s: ~5 s to wait, over a 500 ms target
@@ -536,15 +544,7 @@ async def test_a_request_that_would_wait_past_the_ttl_behind_its_own_tenants_is_
     f = ModelFlow("m", Room(1), FlowSettings(sparse_burst=0.0, ttl_s=10.0), clock=lambda: now["t"])
     running = Ticket(C, FlowClass(), 1)
     await f.enter(running)
-    tasks = []
-    for _i in range(10):  # one dispatch a second: the measured rate
-        now["t"] += 1.0
-        t = Ticket(C, FlowClass(), 1)
-        tasks.append(asyncio.create_task(f.enter(t)))
-        await settle()
-        f.leave(running, 1)
-        await settle()
-        running = t
+    running, tasks = await dispatch_steadily(f, now, running, C, 10, 1.0)  # one a second
     heavy, light = FlowClass(name="heavy", weight=4.0), FlowClass(name="light")
     for _ in range(6):
         tasks.append(asyncio.create_task(f.enter(Ticket(A, heavy, 1))))
@@ -593,15 +593,7 @@ async def test_a_model_coming_out_of_an_idle_spell_does_not_refuse_a_floods_firs
     now["t"] = 600.0  # ten idle minutes: the 10 s average reads ~1 dispatch in 600 s
     running = Ticket(A, FlowClass(), 1)
     await f.enter(running)
-    tasks = []
-    for _ in range(5):  # then five a second for a second
-        now["t"] += 0.2
-        t = Ticket(A, FlowClass(), 1)
-        tasks.append(asyncio.create_task(f.enter(t)))
-        await settle()
-        f.leave(running, 1)
-        await settle()
-        running = t
+    running, tasks = await dispatch_steadily(f, now, running, A, 5, 0.2)  # then five a second for a second
     for _ in range(8):  # eight of A's own waiting: ~2 s at 5/s, well within the TTL
         tasks.append(asyncio.create_task(f.enter(Ticket(A, FlowClass(), 1))))
         await settle()
