@@ -15,6 +15,7 @@ from contextlib import asynccontextmanager
 from typing import Any
 
 from fastapi import FastAPI, Request, Response
+from fastapi.responses import JSONResponse
 from pydantic import SecretStr
 
 from baton.api.errors import install_error_handlers
@@ -139,8 +140,14 @@ def create_app(
             return refused
         return Response(metrics.exposition(), media_type=CONTENT_TYPE)
 
-    @app.get("/healthz", include_in_schema=False)
-    async def healthz() -> dict[str, str]:
+    @app.get("/healthz", include_in_schema=False, response_model=None)
+    async def healthz(request: Request) -> dict[str, str] | Response:
+        gateway = getattr(request.app.state, "gateway", None)
+        if gateway is not None and gateway.principals.secret_problem is not None:
+            # the gateway cannot check a single key: say so to whatever watches its health (the why is logged)
+            return JSONResponse({"status": "misconfigured",
+                                 "problem": "the key secret is not the one the live API keys were made with"},
+                                status_code=503)
         return {"status": "ok"}
 
     include_optional_routers(app, OPTIONAL_ROUTERS if optional_routers is None else optional_routers)

@@ -24,7 +24,14 @@ from baton.core import errors
 from baton.core import models as m
 from baton.core.contracts import INVALIDATION_CHANNEL, InvalidationKind, invalidation_message
 from baton.core.db import Database
-from baton.core.secrets import hash_secret, looks_valid, new_secret, visible_prefix
+from baton.core.secrets import (
+    hash_secret,
+    looks_valid,
+    new_secret,
+    secret_fingerprint,
+    secret_mismatch,
+    visible_prefix,
+)
 from baton.core.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -150,10 +157,19 @@ class KeyService:
     def __init__(self, db: Database, settings: Settings, *, events: KeyEvents | None = None) -> None:
         self._db = db
         self._secret = settings.security.key_secret.get_secret_value()
+        self.fingerprint = secret_fingerprint(self._secret)
         self._events: KeyEvents = events or NoKeyEvents()
 
     def hash(self, secret: str) -> bytes:
         return hash_secret(self._secret, secret)
+
+    def check_secret(self) -> None:
+        """Refuses (:class:`errors.KeySecretMismatchError`) to mint a key when the live keys were all made with
+        another key secret: every gateway that checks those keys has that secret, so it would refuse a key
+        made with this one. With no live key of a known secret, any secret may begin."""
+        problem = secret_mismatch(self._db, self.fingerprint)
+        if problem is not None:
+            raise errors.KeySecretMismatchError(problem + " No key was made.")
 
     def issue(
         self,
@@ -174,6 +190,7 @@ class KeyService:
             raise errors.ValidationError("A key name is 1 to 100 characters.", param="name")
         _check_expiry(expires_at)
         scope = _normalise_scope(model_scope)
+        self.check_secret()
         secret = new_secret()
         with self._db.tenant(tenant_id) as uow:
             tenant = uow.tenants.require(tenant_id)
@@ -181,6 +198,7 @@ class KeyService:
             row = uow.api_keys.add(m.ApiKey(
                 tenant_id=tenant_id, name=name, prefix=visible_prefix(secret), key_hash=self.hash(secret),
                 model_scope=list(scope), expires_at=expires_at, created_by=created_by,
+                secret_fingerprint=self.fingerprint,
             ))
             view = ApiKeyView.of(row)
             uow.audit.record(actor=created_by, action="api_key.create", target_type="api_key",
@@ -199,6 +217,7 @@ class KeyService:
             raise errors.ValidationError("Name the model to try.", param="model")
         if ttl <= dt.timedelta(0):
             raise errors.ValidationError("A playground key must expire in the future.", param="ttl")
+        self.check_secret()
         now = dt.datetime.now(dt.UTC)
         secret = new_secret()
         with self._db.tenant(tenant_id) as uow:
@@ -216,7 +235,7 @@ class KeyService:
             row = uow.api_keys.add(m.ApiKey(
                 tenant_id=tenant_id, name=f"playground-{secrets.token_hex(4)}", prefix=visible_prefix(secret),
                 key_hash=self.hash(secret), model_scope=list(scope), expires_at=now + ttl, created_by=created_by,
-                kind=m.KeyKind.PLAYGROUND,
+                kind=m.KeyKind.PLAYGROUND, secret_fingerprint=self.fingerprint,
             ))
             view = ApiKeyView.of(row)
             uow.audit.record(actor=created_by, action="api_key.create", target_type="api_key",
@@ -264,6 +283,7 @@ class KeyService:
         authorize(role, TenantAction.MANAGE_KEYS)
         if overlap < dt.timedelta(0):
             raise errors.ValidationError("The overlap cannot be negative.", param="overlap")
+        self.check_secret()
         now = dt.datetime.now(dt.UTC)
         secret = new_secret()
         with self._db.tenant(tenant_id) as uow:
@@ -283,6 +303,7 @@ class KeyService:
             new = uow.api_keys.add(m.ApiKey(
                 tenant_id=tenant_id, name=old.name, prefix=visible_prefix(secret), key_hash=self.hash(secret),
                 model_scope=list(old.model_scope or ()), expires_at=original_expiry, created_by=actor,
+                secret_fingerprint=self.fingerprint,
             ))
             old.rotated_to_id = new.id
             uow.flush()

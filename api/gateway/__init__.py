@@ -40,6 +40,7 @@ def build_gateway(
     from baton.api.gateway.resume import ResumePolicy
     from baton.api.gateway.routing import ChainRouter, DeploymentRouter, StaticRouter
     from baton.api.gateway.service import Gateway
+    from baton.core.secrets import secret_fingerprint, secret_mismatch
 
     g = settings.gateway
     flow = flow_views = None
@@ -59,6 +60,7 @@ def build_gateway(
     secret = settings.security.key_secret.get_secret_value()
     principals = PrincipalCache(partial(load_principal, db, salt_secret=secret), key_secret=secret,
                                 ttl=g.key_cache_ttl_s,
+                                secret_check=partial(secret_mismatch, db, secret_fingerprint(secret)),
                                 uses=KeyUseRecorder(partial(write_key_uses, db), interval_s=g.last_used_flush_s))
     if router is None:
         router = ChainRouter([StaticRouter(g.upstreams, g.fallback_upstreams),

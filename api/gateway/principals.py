@@ -23,6 +23,7 @@ import asyncio
 import contextlib
 import datetime as dt
 import logging
+import math
 import time
 import uuid
 from collections.abc import Callable, Mapping
@@ -41,6 +42,7 @@ from baton.core.secrets import cache_salt, hash_secret, looks_valid
 log = logging.getLogger(__name__)
 
 _INVALID_KEY = "Incorrect API key provided. You can find your API key in the Baton console."
+
 
 
 @dataclass(frozen=True, slots=True)
@@ -224,8 +226,16 @@ class PrincipalCache:
     """``Authorization`` header -> :class:`Principal`, cached with a TTL and explicit invalidation."""
 
     def __init__(self, loader: Loader, *, key_secret: str, ttl: float = 30.0, max_entries: int = 100_000,
-                 clock: Callable[[], float] = time.monotonic, uses: KeyUseRecorder | None = None) -> None:
+                 clock: Callable[[], float] = time.monotonic, uses: KeyUseRecorder | None = None,
+                 secret_check: Callable[[], str | None] | None = None) -> None:
         self._load = loader
+        #: Why this process cannot check the database's keys (its key secret is not theirs: a sentence for
+        #: the operator), from ``secret_check`` at start and again after an unknown key, at most every
+        #: :attr:`secret_recheck_s`; None while it can.
+        self.secret_problem: str | None = None
+        self._secret_check = secret_check
+        self.secret_recheck_s = 30.0
+        self._secret_checked = -math.inf
         #: Where successful authentications are noted (None: last use is not recorded).
         self.uses = uses
         self._secret = key_secret
@@ -253,6 +263,8 @@ class PrincipalCache:
         else:
             principal = entry[0]
         if principal is None:
+            if await self._secret_mismatch():
+                raise errors.KeySecretMismatchError(self.secret_problem or "")
             raise errors.AuthenticationError(_INVALID_KEY)
         now = time.time()
         principal.check(now)
@@ -261,8 +273,29 @@ class PrincipalCache:
         return principal
 
     async def start(self) -> None:
+        await self._secret_mismatch(force=True)
         if self.uses is not None:
             await self.uses.start()
+
+    async def _secret_mismatch(self, *, force: bool = False) -> bool:
+        """Whether this process's key secret is not the one the live keys were made with (checked again at
+        most every :attr:`secret_recheck_s`; a failed read keeps the last answer)."""
+        if self._secret_check is None:
+            return False
+        now = self._clock()
+        if force or now - self._secret_checked >= self.secret_recheck_s:
+            self._secret_checked = now
+            try:
+                problem = await asyncio.to_thread(self._secret_check)
+            except Exception as exc:  # Postgres down: keys are checked as before, the answer waits
+                log.warning("key secret not compared with the keys' (%s)", type(exc).__name__)
+            else:
+                if problem is not None and problem != self.secret_problem:
+                    log.error("API keys cannot be checked: %s", problem)
+                elif problem is None and self.secret_problem is not None:
+                    log.info("the key secret matches the live keys again")
+                self.secret_problem = problem
+        return self.secret_problem is not None
 
     async def stop(self) -> None:
         """Writes the last uses still in memory."""

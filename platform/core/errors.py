@@ -87,6 +87,17 @@ class UnavailableError(ServerError):
     title = "Service unavailable"
 
 
+class KeySecretMismatchError(ConfigurationError):
+    """The process's key secret is not the one the live API keys were made with: it can neither mint a key
+    that a gateway would accept nor check one. The message (for the operator and the log) names the
+    secrets' fingerprints; a client reads the title."""
+
+    status = 503
+    code = "key_secret_mismatch"
+    title = ("API keys cannot be made or checked here right now: this process is misconfigured (its log "
+             "says why).")
+
+
 class UpstreamError(ServerError):
     status = 502
     code = "upstream_error"

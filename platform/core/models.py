@@ -221,6 +221,9 @@ class ApiKey(Base):
     kind: Mapped[KeyKind] = mapped_column(
         _enum(KeyKind, "key_kind"), nullable=False, server_default=KeyKind.STANDARD.value
     )
+    # The fingerprint of the key secret the hash was made with (``secrets.secret_fingerprint``); null for
+    # keys made before Baton kept it.
+    secret_fingerprint: Mapped[str | None] = mapped_column(String(32))
 
     __table_args__ = (
         # One live key per name and tenant; a rotated or revoked key gives its name up.

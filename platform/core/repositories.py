@@ -263,6 +263,15 @@ class ApiKeyRepository(Repository[m.ApiKey]):
             stmt = stmt.where(m.ApiKey.revoked_at.is_(None))
         return self.scalars(stmt.order_by(m.ApiKey.created_at))
 
+    def live_fingerprints(self, now: dt.datetime) -> set[str]:
+        """The key-secret fingerprints of the live keys (unrevoked, unexpired) that carry one."""
+        k = m.ApiKey
+        stmt = (select(k.secret_fingerprint).distinct()
+                .where(k.secret_fingerprint.is_not(None), k.revoked_at.is_(None),
+                       (k.expires_at.is_(None)) | (k.expires_at > now)))
+        with translated():
+            return {fp for fp in self.session.scalars(stmt) if fp}
+
     def expired_unrevoked(self, now: dt.datetime) -> Sequence[m.ApiKey]:
         return self.scalars(
             select(m.ApiKey).where(m.ApiKey.revoked_at.is_(None), m.ApiKey.expires_at <= now)

@@ -33,3 +33,14 @@ def test_cache_salt_is_per_tenant_and_stable() -> None:
     assert s.cache_salt("k", t1) == s.cache_salt("k", t1)
     assert s.cache_salt("k", t1) != s.cache_salt("k", t2)
     assert s.cache_salt("k", t1) != s.cache_salt("other", t1)
+
+
+def test_the_key_secret_fingerprint_names_a_secret_without_revealing_it() -> None:
+    fp = s.secret_fingerprint("a-secret")
+    assert fp == s.secret_fingerprint("a-secret") and fp != s.secret_fingerprint("b-secret")
+    assert fp.startswith("kf_") and len(fp) == 15 and "a-secret" not in fp
+    # a process may mint and check when no live key names a secret, or some live key was made with its own
+    assert s.fingerprint_problem(fp, set()) is None
+    assert s.fingerprint_problem(fp, {fp, "kf_000000000000"}) is None
+    problem = s.fingerprint_problem(fp, {"kf_000000000000"})
+    assert problem is not None and fp in problem and "kf_000000000000" in problem
