@@ -52,6 +52,8 @@ def plan(  # noqa: PLR0917 (a command: one parameter per option)
     memory_gib: Annotated[float | None, typer.Option(help="Memory per replica for weights + KV (GiB).")] = None,
     calibrate: Annotated[bool, typer.Option(help="With --model: calibrate from request records.")] = False,
     out: Annotated[Path | None, typer.Option(help="Write plan.json, plan.png and plan.svg here.")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the plan as one JSON object (what plan.json "
+                                                         "holds) instead of the table, for scripts.")] = False,
 ) -> None:
     """Goodput per GPU within the SLO for aggregated serving and each P:D ratio, and a recommendation."""
     from rich.console import Console
@@ -104,6 +106,11 @@ def plan(  # noqa: PLR0917 (a command: one parameter per option)
             cal.traffic.prompt_tokens, cal.traffic.output_tokens, rate)
     result = pl.plan(shape, hw, traffic, pl.Slo(ttft_ms, tpot_ms, percentile))
 
+    if as_json:
+        typer.echo(json.dumps(result.as_dict(), default=str))
+        if out:
+            _write(out, result)
+        return
     console = Console()
     console.print(f"KV per token {result.kv_bytes_per_token:,} B; per request {result.kv_bytes_per_request:,.0f} B "
                   f"(p99 {result.kv_bytes_p99:,.0f} B); transfer >= {result.transfer_lower_bound_ms:.3f} ms at "
@@ -117,8 +124,14 @@ def plan(  # noqa: PLR0917 (a command: one parameter per option)
     console.print(table)
     console.print(result.reason)
     if out:
-        out.mkdir(parents=True, exist_ok=True)
-        (out / "plan.json").write_text(json.dumps(result.as_dict(), indent=2, default=str))
-        (out / "plan.png").write_bytes(pl.render_plot(result, "png"))
-        (out / "plan.svg").write_bytes(pl.render_plot(result, "svg"))
+        _write(out, result)
         console.print(f"wrote {out}/plan.json, plan.png, plan.svg")
+
+
+def _write(out: Path, result: Any) -> None:
+    from baton.control import planner as pl
+
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "plan.json").write_text(json.dumps(result.as_dict(), indent=2, default=str))
+    (out / "plan.png").write_bytes(pl.render_plot(result, "png"))
+    (out / "plan.svg").write_bytes(pl.render_plot(result, "svg"))
