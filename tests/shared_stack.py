@@ -389,6 +389,45 @@ def pytest_unconfigure(config: pytest.Config) -> None:
     _session.exits.close()
 
 
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Any:
+    """A failed test on the shared stack carries what the stack looked like (its Serve apps, the machine's
+    memory, the kills Ray's memory monitor made): what CI's output keeps of a run whose logs are gone."""
+    report = yield
+    stack = _session.stack
+    if report.failed and call.when == "call" and stack is not None and STACK_FIXTURE in getattr(
+            item, "fixturenames", ()):
+        try:
+            report.sections.append(("shared stack at the failure", stack_state(stack)))
+        except Exception as exc:  # a report is never worth a crash
+            report.sections.append(("shared stack at the failure", f"unreadable: {exc!r}"))
+    return report
+
+
+def stack_state(stack: BatonStack) -> str:
+    """Serve's applications on the stack's head, the memory left, and Ray's out-of-memory kills."""
+    from baton.control.ray_client import RayServeClient, read_token
+
+    lines: list[str] = []
+    client = RayServeClient(stack.dashboard_url, token=read_token(Path.home() / ".ray" / "auth_token"), timeout_s=10)
+    try:
+        for name, app in sorted(client.status().apps.items()):
+            lines.append(f"app {name}: {app.status} {app.deployments} {app.message[:300]}")
+    except Exception as exc:
+        lines.append(f"Serve's status unreadable: {exc!r}")
+    finally:
+        client.close()
+    mem = {k: v for k, v in (line.split(":", 1) for line in Path("/proc/meminfo").read_text().splitlines())
+           if k in ("MemTotal", "MemAvailable")}
+    lines.append("memory: " + ", ".join(f"{k} {v.strip()}" for k, v in mem.items()))
+    raylet = Path("/tmp/ray/session_latest/logs/raylet.out")
+    if raylet.exists():
+        kills = [line for line in raylet.read_text(errors="replace").splitlines()
+                 if "memory" in line.lower() and ("kill" in line.lower() or "oom" in line.lower())]
+        lines += ["Ray's memory kills (raylet.out):", *kills[-10:]] if kills else ["no memory kill in raylet.out"]
+    return "\n".join(lines)
+
+
 # -- fixtures ------------------------------------------------------------------------------------
 
 

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import pytest
 
+from tests.engine_slots import engine_slots
+
 from .conftest import stack_pids
 
 pytestmark = [pytest.mark.e2e, pytest.mark.own_stack]  # own Ray head or engines: the lane (tests/stages.py)
@@ -19,7 +21,8 @@ def test_the_path_bench_attributes_every_pd_request_to_its_hops(settings, db, ti
     cfg = PathConfig(model_dir=tiny_model, concurrencies=[1], num_prompts=3, rounds=1, input_len=128, output_len=8,
                      saturation_prompts=3, saturation_concurrency=2, warmup=1, arms=["engine", "baton-pd"],
                      state_dir=tmp_path)
-    result = run_path(cfg, settings, db, log=print)
+    with engine_slots(3, __name__):  # a bare engine and a P/D app (tests/engine_slots.py)
+        result = run_path(cfg, settings, db, log=print)
     assert stack_pids("/tmp/baton-head-") == []  # the head's raylet, workers, engines and HAProxy all ended
     c1 = result["concurrency"]["1"]
     for arm in ("engine", "baton-pd"):

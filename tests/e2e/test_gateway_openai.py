@@ -29,6 +29,7 @@ from baton.control.keys import KeyService, RedisKeyEvents
 from baton.core import models as m
 from baton.core.db import Database
 from baton.core.settings import Settings
+from tests.engine_slots import slots_fixture
 
 pytestmark = pytest.mark.e2e
 
@@ -68,8 +69,11 @@ def _stop(proc: subprocess.Popen[bytes]) -> None:
             proc.wait()
 
 
+engine_room = slots_fixture(1)  # a bare engine beside the shared stack (tests/engine_slots.py)
+
+
 @pytest.fixture(scope="module")
-def vllm_url(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+def vllm_url(engine_room: float, tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     port = _free_port()
     env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1", "HF_HUB_OFFLINE": "1", "VLLM_HOST_IP": "127.0.0.1"}
     log = (tmp_path_factory.mktemp("vllm") / "server.log").open("wb")

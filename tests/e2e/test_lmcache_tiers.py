@@ -16,6 +16,7 @@ import pytest
 
 from baton.dataplane.kv_connector import tenant_tag
 from baton.dataplane.spec import DeploymentSpec
+from tests.engine_slots import slots_fixture
 
 from .conftest import completion, kv_keys, wait_new_keys
 from .test_pd_serving import token_prompt
@@ -37,8 +38,11 @@ class Engines:
     model: str
 
 
+engine_room = slots_fixture(1)  # the loading engine beside the shared stack (tests/engine_slots.py)
+
+
 @pytest.fixture(scope="module")
-def engines(baton_stack, serve_cluster) -> Iterator[Engines]:  # type: ignore[no-untyped-def]
+def engines(engine_room, baton_stack, serve_cluster) -> Iterator[Engines]:  # type: ignore[no-untyped-def]
     stack = baton_stack
     spec = DeploymentSpec(  # the stack's model and LMCache settings: B finds what A stored
         name="cache-b",

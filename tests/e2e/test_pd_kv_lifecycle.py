@@ -25,6 +25,7 @@ import pytest
 
 from baton.dataplane import render
 from baton.dataplane.spec import DeploymentSpec
+from tests.engine_slots import slots_fixture
 
 from .conftest import NIXL_PORT_BASE, completion
 from .test_pd_serving import token_prompt
@@ -39,8 +40,12 @@ GENERATED = "ray_vllm_generation_tokens_total"
 LEASE_S = 30  # vLLM's NIXL KV lease on the prefill side (kv_lease_duration)
 
 
+engine_room = slots_fixture(2)  # a P/D app of its own beside the shared stack (tests/engine_slots.py)
+
+
 @pytest.fixture(scope="module")
-def deployment(serve_cluster, tiny_model, tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, Path]]:
+def deployment(engine_room: float, serve_cluster, tiny_model,  # type: ignore[no-untyped-def]
+               tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, Path]]:
     from baton.bench.chaos.kv_faults import CONTROL_ENV, MODULE
 
     control = tmp_path_factory.mktemp("kv-faults") / "mode"

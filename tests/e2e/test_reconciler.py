@@ -22,6 +22,7 @@ from fastapi.testclient import TestClient
 from pydantic import SecretStr
 
 from tests.conftest import migrated_database, settings_for
+from tests.engine_slots import slots_fixture
 
 pytestmark = [pytest.mark.e2e, pytest.mark.own_stack]  # own Ray head or engines: the lane (tests/stages.py)
 
@@ -29,8 +30,11 @@ TOKEN = "e2e-admin-token"
 STEP_TIMEOUT_S = 420
 
 
+engine_room = slots_fixture(2)  # its P/D deployment's engines (tests/engine_slots.py)
+
+
 @pytest.fixture(scope="module")
-def ray_head(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+def ray_head(engine_room: float, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
     """A Ray head of this module's own, every port free (the session's shared stack runs another), stopped
     with its whole process group afterwards: the reconciler here owns every declarative app on it."""
     from baton.bench.chaos.stack import start_head

