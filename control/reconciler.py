@@ -63,6 +63,9 @@ class ReconcileResult:
     apps: list[str] = field(default_factory=list)
     states: dict[str, str] = field(default_factory=dict)
     removed: list[str] = field(default_factory=list)
+    #: Deployments whose current generation was found failed to start this pass (their last good
+    #: generation is sent again at once).
+    rolled_back: list[str] = field(default_factory=list)
 
     @property
     def converged(self) -> bool:
@@ -75,6 +78,7 @@ class ReconcileResult:
         return {
             "locked": self.locked, "applied": self.applied, "apply_error": self.apply_error,
             "apps": self.apps, "states": self.states, "removed": self.removed, "converged": self.converged,
+            "rolled_back": self.rolled_back,
         }
 
 
@@ -87,6 +91,9 @@ class _Row:
     reason: str | None
     generation: int
     observed_generation: int
+    last_good: dict[str, Any] | None = None
+    failed_generation: int | None = None
+    failed_reason: str | None = None
 
 
 class Reconciler:
@@ -137,7 +144,12 @@ class Reconciler:
         with self.db.system() as lock_uow:
             if not lock_uow.deployments.try_reconcile_lock(LOCK_KEY):
                 return ReconcileResult(locked=False)
-            return self._pass()
+            result = self._pass()
+            if result.rolled_back:  # a generation failed to start: send the last good one now
+                rolled_back = result.rolled_back
+                result = self._pass()
+                result.rolled_back = rolled_back
+            return result
 
     def _pass(self) -> ReconcileResult:
         result = ReconcileResult()
@@ -149,6 +161,7 @@ class Reconciler:
             result.states = {r.name: "unhealthy" for r in rows.values() if r.desired == "running"}
             return result
         kept = _keep_last_good(rows, invalid, status, entries)
+        rolled = _roll_back(rows, invalid, entries)
         config = render_serve_config([], http_port=self.http_port)
         config["applications"] = entries
         result.apps = [e["name"] for e in entries]
@@ -163,7 +176,7 @@ class Reconciler:
                 result.apply_error = error
 
         self._observe(rows, entries, {k: v for k, v in invalid.items() if k not in kept}, status, result,
-                      refused={k: invalid[k] for k in kept})
+                      refused={k: invalid[k] for k in kept}, rolled=rolled)
         return result
 
     def _desired(self) -> tuple[dict[uuid.UUID, _Row], list[dict[str, Any]], dict[uuid.UUID, str]]:
@@ -179,7 +192,8 @@ class Reconciler:
             policies = {p.id: p for p in uow.slo_policies.list()}
             for d in deps:
                 rows[d.id] = _Row(d.id, d.name, d.desired_state.value, d.observed_state.value, d.observed_reason,
-                                  d.generation, d.observed_generation)
+                                  d.generation, d.observed_generation, d.last_good, d.failed_generation,
+                                  d.failed_reason)
                 if d.desired_state is not m.DesiredState.RUNNING:
                     continue
                 policy = policies.get(d.slo_policy_id) if d.slo_policy_id else None
@@ -258,10 +272,15 @@ class Reconciler:
         result: ReconcileResult,
         *,
         refused: dict[uuid.UUID, str] | None = None,
+        rolled: dict[uuid.UUID, tuple[str, int]] | None = None,
     ) -> None:
         """Writes what Serve runs into the rows. ``refused``: rows whose new generation never reached Ray while
-        Serve keeps running an earlier one (their state is that one's, the reason says why)."""
+        Serve keeps running an earlier one (their state is that one's, the reason says why). ``rolled``: rows
+        whose generation failed to start in Ray and whose last good generation was sent instead (the reason
+        and that generation). A running row's entries become its last good ones; a row whose current
+        generation Serve could not deploy is rolled back (:attr:`ReconcileResult.rolled_back`)."""
         refused = refused or {}
+        rolled = rolled or {}
         by_name = {e["name"]: e for e in entries}
         state: str
         reason: str | None
@@ -288,8 +307,15 @@ class Reconciler:
                         state = max((APP_STATUS_TO_OBSERVED.get(a.status, "deploying") for a in running),
                                     key=_SEVERITY.index)
                         current = all(a.matches(by_name[n]) for n, a in zip(names, running, strict=True))
+                        if current and r.id not in refused and r.id not in rolled:
+                            if state == "running":
+                                self._remember(uow, r, [by_name[n] for n in names])
+                            elif state == "failed" and self._failed_to_start(uow, r, running):
+                                result.rolled_back.append(r.name)
                         # a refused row's entries are what Serve ran before: its new generation does not run
                         gen = r.generation if current and r.id not in refused else r.observed_generation
+                        if r.id in rolled:
+                            gen = rolled[r.id][1]
                         reason = "; ".join(a.message for a in running if a.message) or None
                         if result.apply_error and not current:
                             # Serve still runs the older spec (observed_generation says which).
@@ -300,6 +326,8 @@ class Reconciler:
                             state = "deploying"
                         if r.id in refused:
                             reason = f"not applied, what Serve runs keeps serving: {refused[r.id]}"
+                        if r.id in rolled:
+                            reason = rolled[r.id][0]
                     result.states[r.name] = state
                 elif present:  # stopped or deleted, but Serve still has it
                     state, reason, gen = "deploying", f"removing ({present[0].status.lower()})", r.observed_generation
@@ -315,6 +343,31 @@ class Reconciler:
                     result.states[r.name] = state
                 self._write(uow, r, state, reason, gen)
             uow.commit()
+
+    def _remember(self, uow: UnitOfWork, r: _Row, entries: list[dict[str, Any]]) -> None:
+        """The row's current generation runs: it is the last good one (a failure of an older generation is
+        history now)."""
+        good = jsonable({"generation": r.generation, "applications": entries})
+        if r.last_good != good:
+            uow.deployments.write_memory(r.id, last_good=good)
+        if r.failed_generation is not None:
+            uow.deployments.write_memory(r.id, failed_generation=None, failed_reason=None)
+
+    def _failed_to_start(self, uow: UnitOfWork, r: _Row, apps: list[Any]) -> bool:
+        """Serve could not deploy the row's current generation: with an earlier generation seen running, that
+        one is sent again (True). The row remembers the failure until its spec changes."""
+        good = r.last_good
+        if not good or good.get("generation") == r.generation or r.failed_generation == r.generation:
+            return False
+        why = "; ".join(a.message[:300] for a in apps if a.message) or "Serve could not deploy it"
+        reason = (f"generation {r.generation} failed to start in Ray ({why}): generation {good['generation']}, "
+                  "the last that ran, serves again; change the deployment to try another")
+        uow.deployments.write_memory(r.id, failed_generation=r.generation, failed_reason=reason)
+        uow.audit.record(actor=ACTOR, action="deployment.rolled_back", target_type="deployment",
+                         target_id=str(r.id), before={"generation": r.generation},
+                         after={"generation": good["generation"], "reason": reason})
+        log.warning("deployment %s: %s", r.name, reason)
+        return True
 
     def _write(self, uow: UnitOfWork, r: _Row, state: str, reason: str | None, gen: int | None) -> None:
         gen = r.observed_generation if gen is None else gen
@@ -352,6 +405,23 @@ def _keep_last_good(rows: dict[uuid.UUID, _Row], invalid: dict[uuid.UUID, str], 
             entries.extend(dict(a.config) for a in running)
             kept.add(row_id)
     return kept
+
+
+def _roll_back(rows: dict[uuid.UUID, _Row], invalid: dict[uuid.UUID, str],
+               entries: list[dict[str, Any]]) -> dict[uuid.UUID, tuple[str, int]]:
+    """For each row whose current generation failed to start in Ray, its rendered applications in
+    ``entries`` are replaced by those of its last good generation. The rows' reasons and that generation."""
+    rolled: dict[uuid.UUID, tuple[str, int]] = {}
+    for r in rows.values():
+        good = r.last_good
+        if (r.desired != "running" or r.id in invalid or r.failed_generation != r.generation or not good
+                or not good.get("applications")):
+            continue
+        names = {r.name, r.name + PREFILL_APP_SUFFIX}
+        entries[:] = [e for e in entries if e["name"] not in names]
+        entries.extend(dict(a) for a in good["applications"])
+        rolled[r.id] = (r.failed_reason or f"generation {r.generation} failed to start in Ray", int(good["generation"]))
+    return rolled
 
 
 def _runs_exactly(status: ServeStatus, entries: list[dict[str, Any]]) -> bool:

@@ -447,6 +447,13 @@ class Deployment(Base):
     # Bumped on every change of the desired spec; the reconciler records which one it applied.
     generation: Mapped[int] = mapped_column(Integer, nullable=False, server_default=text("1"))
     observed_generation: Mapped[int] = mapped_column(Integer, nullable=False, server_default=text("0"))
+    # The reconciler's own memory (plain UPDATEs, the ETag stays): the last generation seen running with its
+    # Serve application entries, ``{"generation": g, "applications": [...]}`` (what it sends again when a
+    # newer one fails to start), and a generation that failed to start in Ray with why (while it is the
+    # row's generation, the last good one is sent instead).
+    last_good: Mapped[dict[str, Any] | None] = mapped_column(JSONB)
+    failed_generation: Mapped[int | None] = mapped_column(Integer)
+    failed_reason: Mapped[str | None] = mapped_column(Text)
     version: Mapped[int] = mapped_column(Integer, nullable=False, server_default=text("1"))
     created_at: Mapped[dt.datetime] = _created_at()
     updated_at: Mapped[dt.datetime] = _updated_at()

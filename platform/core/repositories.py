@@ -422,6 +422,16 @@ class DeploymentRepository(Repository[m.Deployment]):
                 .execution_options(synchronize_session=False)
             )
 
+    def write_memory(self, deployment_id: uuid.UUID, **values: Any) -> None:
+        """The reconciler's memory of a row (``last_good``, ``failed_generation``, ``failed_reason``), as a
+        plain UPDATE of the fields given: the ETag stays."""
+        assert set(values) <= {"last_good", "failed_generation", "failed_reason"}, values
+        with translated():
+            self.session.execute(
+                update(m.Deployment).where(m.Deployment.id == deployment_id)
+                .values(**values).execution_options(synchronize_session=False)
+            )
+
     def remove_deleted(self, deployment_id: uuid.UUID) -> None:
         """Deletes the row if (still) marked ``deleted``; a row brought back meanwhile is left alone."""
         with translated():

@@ -322,3 +322,59 @@ def test_a_model_source_that_cannot_serve_never_reaches_ray_and_what_serves_keep
     source(str(tmp_path / "gone"))
     rec.reconcile()
     assert _row(db, other)["observed"] == "failed" and _row(db, other)["name"] not in serve.apps  # type: ignore[index]
+
+
+def test_a_generation_that_fails_to_start_in_ray_is_rolled_back_to_the_last_that_ran(
+        db, serve, reconciler, model_id) -> None:  # type: ignore[no-untyped-def]
+    dep = _deployment(db, model_id)
+    name = _row(db, dep)["name"]  # type: ignore[index]
+    reconciler.reconcile()
+    serve.settle()
+    reconciler.reconcile()
+    good = dict(serve.apps[name].config)
+
+    def change(**fields: Any) -> None:
+        with db.system() as uow:
+            d = uow.deployments.require(dep)
+            for k, v in fields.items():
+                setattr(d, k, v)
+            d.generation += 1
+            uow.commit()
+
+    # generation 2 reaches Ray and its replicas cannot start: Serve says DEPLOY_FAILED
+    change(engine_settings={"max_model_len": 999999})
+    assert reconciler.reconcile().applied
+    assert serve.apps[name].config["args"] != good["args"]
+    serve.settle("DEPLOY_FAILED", "replica failed: ValueError: max_model_len is longer than the model's context")
+    result = reconciler.reconcile()
+    # in the same pass, generation 1's applications are sent again as they ran
+    assert result.rolled_back == [name] and serve.apps[name].config == good
+    row = _row(db, dep)
+    assert row["observed_generation"] == 1 and row["generation"] == 2, row  # type: ignore[index]
+    assert "generation 2 failed to start in Ray" in row["reason"] and "max_model_len" in row["reason"], row  # type: ignore[index]
+    assert "system:reconciler deployment.rolled_back" in _audit_actions(db, dep)
+    serve.settle()
+    puts = len(serve.puts)
+    reconciler.reconcile()
+    reconciler.reconcile()
+    row = _row(db, dep)
+    assert len(serve.puts) == puts, "the failed generation is not tried again until the spec changes"
+    assert row["observed"] == "running" and row["observed_generation"] == 1 and "generation 2" in row["reason"], row  # type: ignore[index]
+
+    # a new change is tried; once it runs, the failure is history
+    change(engine_settings={"max_model_len": 256})
+    assert reconciler.reconcile().applied
+    serve.settle()
+    reconciler.reconcile()
+    row = _row(db, dep)
+    assert row["observed"] == "running" and row["observed_generation"] == 3 and not row["reason"], row  # type: ignore[index]
+    with db.system() as uow:
+        d = uow.deployments.require(dep)
+        assert d.failed_generation is None and d.last_good is not None and d.last_good["generation"] == 3
+
+    # a deployment that never ran has nothing to go back to: it is failed
+    other = _deployment(db, model_id)
+    reconciler.reconcile()
+    serve.settle("DEPLOY_FAILED", "no")
+    assert reconciler.reconcile().rolled_back == []
+    assert _row(db, other)["observed"] == "failed"  # type: ignore[index]
