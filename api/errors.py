@@ -155,17 +155,20 @@ def plain_message(e: Mapping[str, Any]) -> str:
         return f"Choose one of: {ctx.get('expected', 'the listed values')}"
     if kind == "extra_forbidden":
         return "This field is not accepted here"
-    if kind in ("string_type", "dict_type", "list_type", "model_type", "model_attributes_type"):
-        what = {"string_type": "text", "dict_type": "an object", "list_type": "a list"}.get(kind, "an object")
-        return f"This must be {what}"
+    if kind in ("string_type", "dict_type", "list_type", "tuple_type", "set_type", "frozen_set_type", "model_type",
+                "model_attributes_type"):
+        what = {"string_type": "text", "dict_type": "an object"}.get(kind, "an object")
+        return f"This must be {'a list' if kind.endswith(('list_type', 'tuple_type', 'set_type')) else what}"
     if kind in ("datetime_parsing", "datetime_from_date_parsing", "date_parsing"):
         return "Enter a date and time such as 2026-12-02T14:05:00Z"
-    return str(e.get("msg", "Invalid value"))
+    msg = str(e.get("msg", "Invalid value"))
+    # pydantic's wording for a kind not named above: "Input should be ..." reads as "This must be ..."
+    return "This must be " + msg[len("Input should be "):] if msg.startswith("Input should be ") else msg
 
 
-_TYPE_MISMATCH = frozenset({"string_type", "list_type", "int_type", "float_type", "bool_type", "dict_type",
-                            "model_type", "model_attributes_type", "int_parsing", "float_parsing", "bool_parsing",
-                            "literal_error", "union_tag_invalid"})
+_TYPE_MISMATCH = frozenset({"string_type", "list_type", "tuple_type", "int_type", "float_type", "bool_type",
+                            "dict_type", "model_type", "model_attributes_type", "int_parsing", "float_parsing",
+                            "bool_parsing", "literal_error", "union_tag_invalid"})
 
 
 def validation_error(errs: Iterable[Mapping[str, Any]]) -> errors.ValidationError:

@@ -47,8 +47,10 @@ def provision_tenant(db_url: str, *, model: str, model_source: str, context_leng
     from baton.core.db import Database
     from baton.core.settings import load_settings
 
-    key_secret = "bench-" + secrets.token_hex(16)
-    settings = load_settings(db={"url": db_url}, security={"key_secret": key_secret})
+    # the key secret the database's other keys were made with (the stack's settings, var/baton.env): a
+    # bench key made with another would be refused by Baton beside live keys (key_secret_mismatch)
+    settings = load_settings(db={"url": db_url})
+    key_secret = settings.security.key_secret.get_secret_value()
     db = Database.for_owner(settings)
     try:
         with db.system() as uow:

@@ -17,6 +17,11 @@ pytest_plugins = ["tests.stages", "tests.shared_stack"]
 ROOT = Path(__file__).resolve().parents[1]
 PG_SERVER = os.environ.get("BATON_TEST_PG", "postgresql+psycopg://postgres@127.0.0.1:5432")
 APP_ROLE = os.environ.get("BATON_TEST_APP_ROLE", "baton_app")
+#: The key secret of every test database's keys, in this process's environment too: whatever loads Baton's
+#: settings here or in a process started from here (a bench, a CLI call) signs keys as the tests' gateways
+#: check them (a process with another secret refuses to mint keys beside theirs: ``key_secret_mismatch``).
+TEST_KEY_SECRET = "test-key-secret"
+os.environ["BATON_SECURITY__KEY_SECRET"] = TEST_KEY_SECRET
 
 
 def _admin_engine():  # type: ignore[no-untyped-def]
@@ -77,7 +82,7 @@ def settings_for(pg_url: str):  # type: ignore[no-untyped-def]
     return load_settings(
         env="test",
         db={"url": pg_url, "app_role": APP_ROLE, "app_url": app_url},
-        security={"key_secret": "test-key-secret", "session_secret": "test-session-secret"},
+        security={"key_secret": TEST_KEY_SECRET, "session_secret": "test-session-secret"},
     )
 
 

@@ -17,6 +17,7 @@ def test_nested_environment_variables(monkeypatch: pytest.MonkeyPatch) -> None:
 
 def test_production_refuses_development_secrets(monkeypatch: pytest.MonkeyPatch, tmp_path) -> None:  # type: ignore[no-untyped-def]
     monkeypatch.chdir(tmp_path)  # no var/baton.env from a local `baton up`
+    monkeypatch.delenv("BATON_SECURITY__KEY_SECRET", raising=False)  # the tests' own (tests/conftest.py)
     monkeypatch.setenv("BATON_ENV", "prod")
     with pytest.raises(ConfigurationError, match="KEY_SECRET"):
         load_settings()

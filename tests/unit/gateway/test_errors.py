@@ -60,3 +60,12 @@ def test_the_shape_follows_the_path() -> None:
     r = client.get("/v1/nothing")
     assert r.status_code == 404 and set(r.json()["error"]) == {"message", "type", "param", "code"}
     assert client.get("/v1/things").status_code == 405
+
+
+def test_no_validation_message_keeps_pydantics_wording() -> None:
+    # a JSON array where the schema holds a tuple (the planner's ratios), and a kind no rule names
+    err = validation_error([{"loc": ("body", "ratios", 0), "msg": "Input should be a valid tuple",
+                             "type": "tuple_type"}])
+    assert err.param == "ratios[0]" and "Input should" not in err.message and "a list" in err.message
+    odd = validation_error([{"loc": ("body", "x"), "msg": "Input should be a finite number", "type": "finite_number"}])
+    assert "Input should" not in odd.message and "finite number" in odd.message
