@@ -57,6 +57,12 @@ def deployment_spec(
     :func:`baton.control.slo.compile_targets`.
     """
     engine = dict(dep.engine_settings or {})
+    asked = engine.get("max_model_len")
+    if isinstance(asked, int) and not isinstance(asked, bool) and asked > model.context_length:
+        # vLLM refuses it when the engine starts, after Ray has already stopped what served
+        raise errors.ValidationError(
+            f"engine.max_model_len {asked:,} is longer than the model's context ({model.context_length:,} tokens, "
+            "the catalogue's context_length).", param="engine.max_model_len")
     placement = {k: engine.pop(k) for k in PLACEMENT_KEYS if k in engine}
     kv_extra = {k: engine.pop(k) for k in KV_KEYS if k in engine}
     targets = compile_targets(policy, throughput) if policy is not None and throughput is not None else None

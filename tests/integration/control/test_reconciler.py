@@ -342,16 +342,16 @@ def test_a_generation_that_fails_to_start_in_ray_is_rolled_back_to_the_last_that
             uow.commit()
 
     # generation 2 reaches Ray and its replicas cannot start: Serve says DEPLOY_FAILED
-    change(engine_settings={"max_model_len": 999999})
+    change(engine_settings={"max_model_len": 512, "max_num_seqs": 2})
     assert reconciler.reconcile().applied
     assert serve.apps[name].config["args"] != good["args"]
-    serve.settle("DEPLOY_FAILED", "replica failed: ValueError: max_model_len is longer than the model's context")
+    serve.settle("DEPLOY_FAILED", "replica failed: ValueError: max_num_seqs too small for this model")
     result = reconciler.reconcile()
     # in the same pass, generation 1's applications are sent again as they ran
     assert result.rolled_back == [name] and serve.apps[name].config == good
     row = _row(db, dep)
     assert row["observed_generation"] == 1 and row["generation"] == 2, row  # type: ignore[index]
-    assert "generation 2 failed to start in Ray" in row["reason"] and "max_model_len" in row["reason"], row  # type: ignore[index]
+    assert "generation 2 failed to start in Ray" in row["reason"] and "max_num_seqs" in row["reason"], row  # type: ignore[index]
     assert "system:reconciler deployment.rolled_back" in _audit_actions(db, dep)
     serve.settle()
     puts = len(serve.puts)

@@ -68,6 +68,13 @@ def test_invalid_rows_are_client_errors(over: dict[str, object]) -> None:
         deployment_spec(_dep(**over), MODEL)
 
 
+def test_a_max_model_len_past_the_models_context_never_reaches_ray() -> None:
+    with pytest.raises(errors.ValidationError) as refused:
+        deployment_spec(_dep(engine_settings={"max_model_len": 1_000_000}), MODEL)
+    assert refused.value.param == "engine.max_model_len" and "2,048" in refused.value.message
+    assert deployment_spec(_dep(engine_settings={"max_model_len": 2048}), MODEL).engine.max_model_len == 2048
+
+
 def test_serve_status_parses_apps_and_compares_entries() -> None:
     entry = render_serve_application(deployment_spec(_dep(), MODEL))
     status = ServeStatus.parse({"applications": {"tiny": {
