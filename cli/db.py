@@ -48,11 +48,30 @@ def downgrade(revision: str = typer.Argument(..., help="Target revision, e.g. ba
 
 
 @app.command()
-def current(url: str | None = URL) -> None:
+def current(url: str | None = URL,
+            as_json: bool = typer.Option(False, "--json", help="Print {\"revision\": ..., \"head\": ...,"
+                                                              " \"up_to_date\": ...} for scripts.")) -> None:
     """Print the schema's current revision."""
     from alembic import command
 
-    command.current(_config(url))
+    cfg = _config(url)
+    if not as_json:
+        command.current(cfg)
+        return
+    import json
+
+    from alembic.runtime.migration import MigrationContext
+    from alembic.script import ScriptDirectory
+    from sqlalchemy import create_engine
+
+    engine = create_engine(cfg.attributes["url"])
+    try:
+        with engine.connect() as conn:
+            revision = MigrationContext.configure(conn).get_current_revision()
+    finally:
+        engine.dispose()
+    head = ScriptDirectory.from_config(cfg).get_current_head()
+    typer.echo(json.dumps({"revision": revision, "head": head, "up_to_date": revision == head}))
 
 
 def ensure_database(url: str) -> None:

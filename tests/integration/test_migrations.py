@@ -63,3 +63,16 @@ def test_service_role_is_bound_by_row_level_security(pg_url: str) -> None:
     engine.dispose()
     for table in (*TENANT_SCOPED_TABLES, "tenants"):
         assert rls[table], f"{table} has no row-level security"
+
+
+def test_db_current_json_says_whether_the_schema_is_at_head(pg_url) -> None:  # type: ignore[no-untyped-def]
+    import json
+
+    from typer.testing import CliRunner
+
+    from baton.cli.main import app
+
+    out = CliRunner().invoke(app, ["db", "current", "--url", pg_url, "--json"])
+    assert out.exit_code == 0, out.output
+    state = json.loads(out.output)
+    assert state["up_to_date"] is True and state["revision"] == state["head"] and state["head"].startswith("00")
