@@ -163,6 +163,11 @@ class BatonStack:
         went away ends its own process once Ray gives up reconnecting (and pytest with it). The apps of
         the session's own (:func:`fault_stack`) go with the head."""
         self.stopped = True
+        hook = sys.modules.get("ray._private.auto_init_hook")
+        if hook is not None:
+            # no Ray call after this connects again: a background thread of Serve's client (its handles' long
+            # poll) did, 8 s after the shutdown below, and Ray aborted pytest when that head went away
+            hook.enable_auto_connect = False
         ray = sys.modules.get("ray")
         if ray is not None and ray.is_initialized():
             ray.shutdown()
