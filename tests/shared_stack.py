@@ -165,8 +165,8 @@ class BatonStack:
         self.stopped = True
         hook = sys.modules.get("ray._private.auto_init_hook")
         if hook is not None:
-            # no Ray call after this connects again: a background thread of Serve's client (its handles' long
-            # poll) did, 8 s after the shutdown below, and Ray aborted pytest when that head went away
+            # no Ray call after this connects again: a background thread (Serve's client, most likely) did, 8 s
+            # after the shutdown below, and Ray aborted pytest when that head went away
             hook.enable_auto_connect = False
         ray = sys.modules.get("ray")
         if ray is not None and ray.is_initialized():
