@@ -74,6 +74,21 @@ def migrated_database(prefix: str = "baton_test") -> Iterator[str]:
         drop_database(name)
 
 
+@contextmanager
+def own_database(prefix: str):  # type: ignore[no-untyped-def]
+    """A test module's own migrated database: its settings and its service-role :class:`Database` (for a
+    module whose checks look at *every* row, which the session's database shares with other tests)."""
+    from baton.core.db import Database
+
+    with migrated_database(prefix) as url:
+        settings = settings_for(url)
+        db = Database.for_services(settings)
+        try:
+            yield settings, db
+        finally:
+            db.dispose()
+
+
 def settings_for(pg_url: str):  # type: ignore[no-untyped-def]
     """Baton's settings for tests against the database at ``pg_url`` (the service role for serving)."""
     from baton.core.settings import load_settings

@@ -1,8 +1,8 @@
 """Engines started beside the session's shared stack, counted across the run's pytest processes (the main
 run and the lane, :mod:`tests.stages`), so that together they never hold more than the machine's memory.
 
-Each vLLM engine on the CPU holds ~2.5 GiB with its Serve replica; the shared stack's three engines, Ray,
-Postgres and the pytest processes take ~12 GiB of the machine's 24. Ray's memory monitor kills a worker
+Each vLLM engine on the CPU holds gigabytes with its Serve replica, and the shared stack's engines, Ray,
+Postgres and the pytest processes already hold much of the machine's memory. Ray's memory monitor kills a worker
 (a Serve replica: its app's route answers 404 until the replica is back) once the node passes 95%, so a
 module that starts engines of its own takes that many *slots* first (:func:`engine_slots`), and holds
 them until its engines are gone: ``BATON_TEST_ENGINE_SLOTS`` (3) engines beside the stack at most.

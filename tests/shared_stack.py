@@ -400,7 +400,7 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
     memory, the kills Ray's memory monitor made): what CI's output keeps of a run whose logs are gone."""
     report = yield
     stack = _session.stack
-    if report.failed and call.when == "call" and stack is not None and STACK_FIXTURE in getattr(
+    if report.failed and call.when in ("setup", "call") and stack is not None and STACK_FIXTURE in getattr(
             item, "fixturenames", ()):
         try:
             report.sections.append(("shared stack at the failure", stack_state(stack)))

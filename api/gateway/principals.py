@@ -44,7 +44,6 @@ log = logging.getLogger(__name__)
 _INVALID_KEY = "Incorrect API key provided. You can find your API key in the Baton console."
 
 
-
 @dataclass(frozen=True, slots=True)
 class ModelGrant:
     """A catalogue model a key may use."""

@@ -21,7 +21,7 @@ from fastapi import FastAPI
 from fastapi.testclient import TestClient
 from pydantic import SecretStr
 
-from tests.conftest import migrated_database, settings_for
+from tests.conftest import own_database
 from tests.engine_slots import slots_fixture
 
 pytestmark = [pytest.mark.e2e, pytest.mark.own_stack]  # own Ray head or engines: the lane (tests/stages.py)
@@ -50,15 +50,8 @@ def ray_head(engine_room: float, tmp_path_factory: pytest.TempPathFactory) -> It
 def own_db() -> Iterator[tuple[Any, Any]]:
     """A database of this module's own: the reconciler drives Ray to match *every* deployment it holds,
     and other tests leave theirs (with models Ray could never load) in the session's database."""
-    from baton.core.db import Database
-
-    with migrated_database("baton_test_reconciler") as url:
-        settings = settings_for(url)
-        db = Database.for_services(settings)
-        try:
-            yield settings, db
-        finally:
-            db.dispose()
+    with own_database("baton_test_reconciler") as own:
+        yield own
 
 
 @pytest.fixture(scope="module")

@@ -25,7 +25,7 @@ from baton.core import errors
 from baton.core import models as m
 from baton.core.db import Database
 from baton.core.secrets import secret_fingerprint
-from tests.conftest import migrated_database, settings_for
+from tests.conftest import own_database
 
 ROOT = Path(__file__).resolve().parents[3]
 OTHER = "another-key-secret-entirely"
@@ -33,13 +33,9 @@ OTHER = "another-key-secret-entirely"
 
 @pytest.fixture(scope="module")
 def own() -> Iterator[tuple[Any, Database]]:
-    with migrated_database("baton_test_key_secret") as url:
-        settings = settings_for(url)
-        db = Database.for_services(settings)
-        try:
-            yield settings, db
-        finally:
-            db.dispose()
+    """The live keys of the session's database are other tests' (the check looks at every one)."""
+    with own_database("baton_test_key_secret") as own:
+        yield own
 
 
 def _env(settings: Any, secret: str) -> dict[str, str]:
