@@ -815,8 +815,9 @@ def _print_fairness(res: dict[str, Any]) -> None:
 
 @app.command("report")
 def report_doc(
-    doc: Annotated[Path, typer.Option("--doc", help="The document whose report blocks are written.")]
-    = Path("docs/benchmarks.md"),
+    doc: Annotated[Path | None, typer.Option(
+        "--doc", help="The document whose report blocks are written [default: the checkout's docs/benchmarks.md, "
+        "found from the current folder or above, else beside the installed package]")] = None,
     check: Annotated[bool, typer.Option("--check", help="Only say whether the document is in sync (exit 1 if not).")]
     = False,
 ) -> None:
@@ -824,6 +825,10 @@ def report_doc(
     `<!-- report:NAME -->` and `<!-- /report -->`, each from docs/bench-NAME.json)."""
     from baton.bench import docreport
 
+    doc = doc or _benchmarks_doc()
+    if not doc.is_file():
+        typer.secho(f"{doc}: no such document", fg="red", err=True)
+        raise typer.Exit(2)
     if check:
         stale = docreport.check(doc)
         if stale:
@@ -835,6 +840,17 @@ def report_doc(
     changed = docreport.write(doc)
     typer.echo(f"{doc}: {'rewritten' if changed else 'already in sync'} "
                f"({', '.join(docreport.blocks(doc.read_text())) or 'no blocks'})")
+
+
+def _benchmarks_doc() -> Path:
+    """The checkout's docs/benchmarks.md: in the current folder or the nearest one above it (as git finds
+    ``.git``), else in the checkout the CLI runs from; the relative path when neither has it."""
+    rel = Path("docs") / "benchmarks.md"
+    here = Path.cwd().resolve()
+    for folder in (here, *here.parents, Path(__file__).resolve().parents[1]):
+        if (folder / rel).is_file():
+            return folder / rel
+    return rel
 
 
 def _fail_bench(message: str) -> int:
