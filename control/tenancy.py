@@ -96,11 +96,12 @@ class UserChanges:
 
 @dataclass(frozen=True, slots=True)
 class Limits:
-    """Rate limits; ``None``: no limit of that kind."""
+    """Rate limits and the per-request cost cap; ``None``: no limit of that kind."""
 
     requests_per_minute: int | None = None
     tokens_per_minute: int | None = None
     max_concurrency: int | None = None
+    max_tokens_per_request: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -155,12 +156,14 @@ class RateLimitView:
     requests_per_minute: int | None
     tokens_per_minute: int | None
     max_concurrency: int | None
+    max_tokens_per_request: int | None
     updated_at: dt.datetime
 
     @classmethod
     def of(cls, r: m.RateLimit) -> RateLimitView:
         return cls(id=r.id, tenant_id=r.tenant_id, api_key_id=r.api_key_id, requests_per_minute=r.requests_per_minute,
-                   tokens_per_minute=r.tokens_per_minute, max_concurrency=r.max_concurrency, updated_at=r.updated_at)
+                   tokens_per_minute=r.tokens_per_minute, max_concurrency=r.max_concurrency,
+                   max_tokens_per_request=r.max_tokens_per_request, updated_at=r.updated_at)
 
 
 @dataclass(frozen=True, slots=True)
@@ -577,7 +580,8 @@ class Tenancy:
             before = snapshot(existing[0]) if existing else None
             row = uow.rate_limits.upsert(tenant_id, key_id, requests_per_minute=limits.requests_per_minute,
                                          tokens_per_minute=limits.tokens_per_minute,
-                                         max_concurrency=limits.max_concurrency)
+                                         max_concurrency=limits.max_concurrency,
+                                         max_tokens_per_request=limits.max_tokens_per_request)
             audit(uow, actor, "rate_limit.set", "rate_limit", row.id, tenant_id=tenant_id, before=before, after=row)
             uow.commit()
             out = RateLimitView.of(row)

@@ -333,6 +333,10 @@ class RateLimitSet(_In):
     requests_per_minute: int | None = Field(None, ge=1, le=2_147_483_647)
     tokens_per_minute: int | None = Field(None, ge=1, le=2_147_483_647)
     max_concurrency: int | None = Field(None, ge=1, le=2_147_483_647)
+    max_tokens_per_request: int | None = Field(
+        None, ge=1, le=2_147_483_647, description="One request's tokens at most: its prompt and the completion it "
+        "may ask for (`max_tokens`, or what is left of the cap when it gives none), together; a larger request "
+        "is a 400 before an engine sees it.")
 
 
 class RateLimitPublic(_Out):
@@ -342,6 +346,7 @@ class RateLimitPublic(_Out):
     requests_per_minute: int | None
     tokens_per_minute: int | None
     max_concurrency: int | None
+    max_tokens_per_request: int | None
     updated_at: dt.datetime
 
 

@@ -71,6 +71,9 @@ class Principal:
     cache_salt: str
     #: model name -> how its requests are queued (the tenant's effective SLO policy on it); absent: default
     classes: Mapping[str, FlowClass] = field(default_factory=lambda: MappingProxyType({}))
+    #: One request's tokens at most (prompt and completion together): the smaller of the tenant's and the
+    #: key's ``max_tokens_per_request``; None: only the model's context bounds it.
+    max_request_tokens: int | None = None
 
     def flow_class(self, model: str) -> FlowClass:
         return self.classes.get(model, DEFAULT_CLASS)
@@ -132,6 +135,7 @@ def load_principal(db: Database, key_hash: bytes, salt_secret: str) -> Principal
                 break
             limited = nxt
         scopes: list[LimitScope] = []
+        caps: list[int] = []
         for row in limits:
             lim = Limits(row.requests_per_minute, row.tokens_per_minute, row.max_concurrency)
             if row.api_key_id is None:
@@ -140,6 +144,10 @@ def load_principal(db: Database, key_hash: bytes, salt_secret: str) -> Principal
                 # the bucket is named after the limit's own row, which a rotation moves to the successor: a
                 # rotation never opens a fresh window either
                 scopes.append(LimitScope.key(key.tenant_id, row.id, lim))
+            else:
+                continue
+            if row.max_tokens_per_request is not None:
+                caps.append(row.max_tokens_per_request)
         return Principal(
             key_id=key.id,
             tenant_id=key.tenant_id,
@@ -150,6 +158,7 @@ def load_principal(db: Database, key_hash: bytes, salt_secret: str) -> Principal
             limit_scopes=tuple(scopes),
             cache_salt=cache_salt(salt_secret, key.tenant_id),
             classes=MappingProxyType(classes),
+            max_request_tokens=min(caps, default=None),
         )
 
 

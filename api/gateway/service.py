@@ -60,6 +60,12 @@ class ContextLengthError(errors.ValidationError):
     code = "context_length_exceeded"
 
 
+class RequestTooLargeError(errors.ValidationError):
+    """The request asks for more tokens than the key's or its organization's per-request cap."""
+
+    code = "request_too_large"
+
+
 class UnsupportedParameterError(errors.ValidationError):
     code = "unsupported_parameter"
 
@@ -243,7 +249,8 @@ class Gateway:
         with text_of(payload):
             prompt = await self._count(text, grant, overhead)
         limit = payload.get("max_completion_tokens") or payload.get("max_tokens")
-        return self._call("chat/completions", payload, grant, prompt, limit, choices=payload.get("n") or 1)
+        return self._call("chat/completions", payload, grant, prompt, limit, choices=payload.get("n") or 1,
+                          cap=principal.max_request_tokens)
 
     async def prepare_completion(self, principal: Principal, payload: dict[str, Any]) -> Call:
         from baton.api.gateway.tokens import count_completion_prompt, prompt_count
@@ -259,7 +266,8 @@ class Gateway:
                 prompt = count_completion_prompt(prompt_value, self.prompts, source=grant.source,
                                                  context_length=grant.context_length)
         choices = (payload.get("n") or 1) * prompt_count(prompt_value)
-        return self._call("completions", payload, grant, prompt, payload.get("max_tokens") or 16, choices=choices)
+        return self._call("completions", payload, grant, prompt, payload.get("max_tokens") or 16, choices=choices,
+                          cap=principal.max_request_tokens)
 
     async def prepare_embeddings(self, principal: Principal, payload: dict[str, Any]) -> Call:
         """Each input must fit the model's context; the request is metered (and limited) by its input tokens."""
@@ -276,6 +284,10 @@ class Gateway:
                         f"This model's maximum context length is {grant.context_length} tokens. However, an input "
                         f"has about {n} tokens. Please shorten it.", param="input")
                 total += n
+                if principal.max_request_tokens is not None and total > principal.max_request_tokens:
+                    raise RequestTooLargeError(
+                        f"This key may send at most {principal.max_request_tokens:,} input tokens per request; "
+                        "this one has more. Split the inputs over several requests.", param="input")
                 if total > self.max_embedding_input_tokens:
                     raise errors.ValidationError(
                         f"An embeddings request may hold at most {self.max_embedding_input_tokens:,} input tokens "
@@ -297,8 +309,11 @@ class Gateway:
         return tokens
 
     def _call(self, endpoint: str, payload: dict[str, Any], grant: ModelGrant, prompt: int,
-              max_tokens: int | None, *, choices: int) -> Call:
+              max_tokens: int | None, *, choices: int, cap: int | None = None) -> Call:
         ctx = grant.context_length
+        if cap is not None:
+            max_tokens = _within_cap(endpoint, payload, prompt, max_tokens, choices=max(choices, 1), cap=cap,
+                                     context=ctx)
         if prompt + (max_tokens or 0) > ctx:
             raise ContextLengthError(
                 f"This model's maximum context length is {ctx} tokens. However, you requested about "
@@ -599,3 +614,33 @@ def _limited(reason: int, retry_after: float, headers: dict[str, str]) -> errors
     return errors.RateLimitedError(
         f"Rate limit reached for requests per minute. Please try again in {retry_after:.1f}s.",
         headers=all_headers, openai_type="requests")
+
+
+def _within_cap(endpoint: str, payload: dict[str, Any], prompt: int, max_tokens: int | None, *, choices: int,
+                cap: int, context: int) -> int | None:
+    """The completion limit of a request under a per-request token cap (``cap`` tokens for the prompt and
+    every choice's completion together). A request that asks for more is refused; one that names no limit
+    gets what the cap leaves (within the model's context), sent to the engine as its limit, so that the cap
+    holds for what it generates too."""
+    chat = endpoint == "chat/completions"
+    if prompt >= cap:
+        raise RequestTooLargeError(
+            f"This key allows at most {cap:,} tokens per request, prompt and completion together; the prompt "
+            f"alone has about {prompt:,}. Shorten it.", param="messages" if chat else "prompt")
+    if max_tokens is None:
+        if prompt >= context:
+            return None  # the context check refuses it, in its own words
+        limit = min((cap - prompt) // choices, context - prompt)
+        if limit < 1:
+            raise RequestTooLargeError(
+                f"This key allows at most {cap:,} tokens per request, prompt and completion together: too few "
+                f"are left for {choices} choices. Ask for fewer (`n`) or shorten the prompt.", param="n")
+        payload["max_completion_tokens" if chat else "max_tokens"] = limit
+        return limit
+    if prompt + max_tokens * choices > cap:
+        name = "max_completion_tokens" if chat and payload.get("max_completion_tokens") else "max_tokens"
+        raise RequestTooLargeError(
+            f"This key allows at most {cap:,} tokens per request, prompt and completion together; this one asks "
+            f"for about {prompt + max_tokens * choices:,} ({prompt:,} in the prompt, {max_tokens:,} x {choices} "
+            f"in the completion). Lower `{name}` to {max(cap - prompt, 0) // choices:,} or less.", param=name)
+    return max_tokens

@@ -490,13 +490,16 @@ class RateLimit(Base):
     requests_per_minute: Mapped[int | None] = mapped_column(Integer)
     tokens_per_minute: Mapped[int | None] = mapped_column(Integer)
     max_concurrency: Mapped[int | None] = mapped_column(Integer)
+    #: One request's tokens at most: its prompt and the completion it may ask for, together (a cost cap;
+    #: a larger request is refused before an engine sees it).
+    max_tokens_per_request: Mapped[int | None] = mapped_column(Integer)
     updated_at: Mapped[dt.datetime] = _updated_at()
 
     __table_args__ = (
         UniqueConstraint("tenant_id", "api_key_id", postgresql_nulls_not_distinct=True),
         CheckConstraint(
             "coalesce(requests_per_minute, 1) > 0 AND coalesce(tokens_per_minute, 1) > 0 "
-            "AND coalesce(max_concurrency, 1) > 0",
+            "AND coalesce(max_concurrency, 1) > 0 AND coalesce(max_tokens_per_request, 1) > 0",
             name="positive",
         ),
     )

@@ -499,11 +499,13 @@ class RateLimitRepository(Repository[m.RateLimit]):
         requests_per_minute: int | None,
         tokens_per_minute: int | None,
         max_concurrency: int | None,
+        max_tokens_per_request: int | None = None,
     ) -> m.RateLimit:
         values = {
             "requests_per_minute": requests_per_minute,
             "tokens_per_minute": tokens_per_minute,
             "max_concurrency": max_concurrency,
+            "max_tokens_per_request": max_tokens_per_request,
         }
         stmt = (
             insert(m.RateLimit)

@@ -173,14 +173,18 @@ def test_an_operator_sets_a_tenants_rate_limit_and_the_gateway_enforces_it(page,
     form.get_by_label("Organisation").select_option(label=slug)
     expect(form.get_by_test_id("limits-now")).to_contain_text("no tenant-wide limit")
     form.get_by_label("Requests per minute").fill("2")
+    form.get_by_label("Tokens per request").fill("500")
     form.get_by_role("button", name="Set limits").click()
     expect(form.get_by_test_id("limits-now")).to_contain_text("2 requests/min")
+    expect(form.get_by_test_id("limits-now")).to_contain_text("500 tokens per request")
     shot(ops, "operator-rate-limits")
 
     client = openai.OpenAI(base_url=f"{stack.url}/v1", api_key=secret, max_retries=0)
     ask = dict(model=stack.model, messages=[{"role": "user", "content": "hi"}], max_tokens=2)
     client.chat.completions.create(**ask)
     client.chat.completions.create(**ask)
+    with pytest.raises(openai.BadRequestError, match="500 tokens per request"):  # the cap, before the limiter
+        client.chat.completions.create(**{**ask, "max_tokens": 1000})
     with pytest.raises(openai.RateLimitError):
         client.chat.completions.create(**ask)
 

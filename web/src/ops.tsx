@@ -186,6 +186,7 @@ interface RateLimit {
   requests_per_minute: number | null;
   tokens_per_minute: number | null;
   max_concurrency: number | null;
+  max_tokens_per_request: number | null;
 }
 
 function RateLimits({ tenants }: { tenants: Tenant[] }) {
@@ -194,18 +195,18 @@ function RateLimits({ tenants }: { tenants: Tenant[] }) {
   const act = useAction(() => limits.reload());
   const current = limits.data?.find((l) => l.api_key_id === null) ?? null;
   const perKey = (limits.data ?? []).filter((l) => l.api_key_id !== null).length;
-  const [form, setForm] = useState({ requests_per_minute: "", tokens_per_minute: "", max_concurrency: "" });
+  const [form, setForm] = useState({ requests_per_minute: "", tokens_per_minute: "", max_concurrency: "", max_tokens_per_request: "" });
   useEffect(() => {
     const v = (n: number | null | undefined) => (n === null || n === undefined ? "" : String(n));
-    setForm({ requests_per_minute: v(current?.requests_per_minute), tokens_per_minute: v(current?.tokens_per_minute), max_concurrency: v(current?.max_concurrency) });
-  }, [current?.id, current?.requests_per_minute, current?.tokens_per_minute, current?.max_concurrency]);
+    setForm({ requests_per_minute: v(current?.requests_per_minute), tokens_per_minute: v(current?.tokens_per_minute), max_concurrency: v(current?.max_concurrency), max_tokens_per_request: v(current?.max_tokens_per_request) });
+  }, [current?.id, current?.requests_per_minute, current?.tokens_per_minute, current?.max_concurrency, current?.max_tokens_per_request]);
   const set = (e: FormEvent) => {
     e.preventDefault();
     const n = (x: string) => (x.trim() === "" ? null : Number(x));
     act.run(() =>
       api(`/ops/tenants/${tenantId}/rate-limit`, {
         method: "PUT",
-        body: { requests_per_minute: n(form.requests_per_minute), tokens_per_minute: n(form.tokens_per_minute), max_concurrency: n(form.max_concurrency) },
+        body: { requests_per_minute: n(form.requests_per_minute), tokens_per_minute: n(form.tokens_per_minute), max_concurrency: n(form.max_concurrency), max_tokens_per_request: n(form.max_tokens_per_request) },
       }),
     );
   };
@@ -238,12 +239,13 @@ function RateLimits({ tenants }: { tenants: Tenant[] }) {
         {field("requests_per_minute", "Requests per minute")}
         {field("tokens_per_minute", "Tokens per minute")}
         {field("max_concurrency", "Requests at once")}
+        {field("max_tokens_per_request", "Tokens per request")}
       </div>
       <p className="hint" data-testid="limits-now">
         {!tenantId
           ? "Limits apply to the whole organisation, on top of any limit of a key. Empty: no limit of that kind."
           : current
-            ? `Now: ${current.requests_per_minute ?? "no limit on"} requests/min, ${current.tokens_per_minute ?? "no limit on"} tokens/min, ${current.max_concurrency ?? "no limit on"} at once${perKey ? `; ${perKey} key(s) have limits of their own` : ""}.`
+            ? `Now: ${current.requests_per_minute ?? "no limit on"} requests/min, ${current.tokens_per_minute ?? "no limit on"} tokens/min, ${current.max_concurrency ?? "no limit on"} at once, ${current.max_tokens_per_request ?? "no cap on"} tokens per request${perKey ? `; ${perKey} key(s) have limits of their own` : ""}.`
             : `Now: no tenant-wide limit${perKey ? `; ${perKey} key(s) have limits of their own` : ""}.`}
       </p>
       <div className="row">

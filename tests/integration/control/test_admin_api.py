@@ -122,8 +122,11 @@ def test_keys_users_grants_and_limits(client: TestClient, db) -> None:
     assert lim2.json()["id"] == lim.json()["id"]
     row = _audit(db, lim.json()["id"], "rate_limit.set")
     assert len(row) == 2 and {r.before["requests_per_minute"] if r.before else None for r in row} == {None, 60}
-    klim = client.put(f"/admin/v1/tenants/{tid}/keys/{key_id}/rate-limit", json={"tokens_per_minute": 1000})
-    assert klim.json()["api_key_id"] == key_id
+    klim = client.put(f"/admin/v1/tenants/{tid}/keys/{key_id}/rate-limit",
+                      json={"tokens_per_minute": 1000, "max_tokens_per_request": 4096})
+    assert klim.json()["api_key_id"] == key_id and klim.json()["max_tokens_per_request"] == 4096
+    assert client.put(f"/admin/v1/tenants/{tid}/keys/{key_id}/rate-limit",
+                      json={"max_tokens_per_request": 0}).status_code == 422
     assert len(client.get(f"/admin/v1/tenants/{tid}/rate-limits").json()) == 2
     assert client.put(f"/admin/v1/tenants/{tid}/rate-limit", json={"requests_per_minute": 0}).status_code == 422
 

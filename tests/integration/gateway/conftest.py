@@ -129,7 +129,7 @@ def create_tenant_key(
     db: Database, keys: KeyService, models: list[str], *, scope: tuple[str, ...] = (),
     tenant_limits: dict[str, int] | None = None, key_limits: dict[str, int] | None = None,
 ) -> TenantKey:
-    """A new tenant granted ``models``, one key, and optional limits (rpm/tpm/concurrency)."""
+    """A new tenant granted ``models``, one key, and optional limits (rpm/tpm/concurrency/per_request)."""
     name = f"gw-{uuid.uuid4().hex[:10]}"
     with db.system() as uow:
         tenant = uow.tenants.add(m.Tenant(name=name, display_name=name))
@@ -158,7 +158,7 @@ def make_tenant(db: Database, keys: KeyService) -> MakeTenant:
 
 def _limits(d: dict[str, int]) -> dict[str, int | None]:
     return {"requests_per_minute": d.get("rpm"), "tokens_per_minute": d.get("tpm"),
-            "max_concurrency": d.get("concurrency")}
+            "max_concurrency": d.get("concurrency"), "max_tokens_per_request": d.get("per_request")}
 
 
 def openai_client(url: str, key: TenantKey) -> openai.OpenAI:

@@ -142,7 +142,7 @@ async def test_an_embeddings_call_over_the_input_token_cap_is_refused_before_any
     from baton.core import errors
 
     embed = ModelGrant(uuid.uuid4(), "e", 512, "/nonexistent", 0, kind="embed")
-    principal = SimpleNamespace(model=lambda name: embed)
+    principal = SimpleNamespace(model=lambda name: embed, max_request_tokens=None)
     gw = SimpleNamespace(prompts=PromptCounter(), max_embedding_input_tokens=1000,
                          _count=lambda text, grant, overhead: Gateway._count(gw, text, grant, overhead))
     ok = await Gateway.prepare_embeddings(gw, principal, {"model": "e", "input": ["word " * 50] * 10})  # type: ignore[arg-type]
