@@ -74,7 +74,7 @@ def create_app(
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         import redis.asyncio as aioredis
 
-        from baton.api.gateway import build_gateway
+        from baton.api.gateway.build import build_gateway
 
         own_db = db is None
         own_redis = redis is None

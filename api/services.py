@@ -12,7 +12,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from baton.control.services import ControlPlane, Notifier
+from baton.control.services import ControlPlane
+from baton.control.usecase import Notifier
 from baton.core.db import Database
 from baton.core.settings import Settings
 

@@ -19,6 +19,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from baton.bench.path import HOPS
+
 BLOCK = re.compile(r"(<!-- report:(?P<name>[a-z0-9-]+) -->\n)(?P<body>.*?)(<!-- /report -->)", re.S)
 
 
@@ -406,8 +408,6 @@ def _path_saturation(d: dict[str, Any]) -> str:
 
 
 def _path_hops(c1: dict[str, Any], arms: list[str]) -> str:
-    from baton.bench.path import HOPS
-
     pd = [a for a in arms if c1.get(a, {}).get("hops_ms_median")]
     if not pd:
         return ""

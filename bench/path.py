@@ -437,15 +437,5 @@ def plot(path: Path, result: dict[str, Any]) -> Path:
     return path
 
 
-
-def markdown(result: dict[str, Any]) -> str:
-    """The tables of ``docs/benchmarks.md``'s path section, from a result (``baton bench path --from-json``):
-    what ``baton bench report`` writes for a ``path`` block."""
-    from baton.bench.docreport import render
-
-    text: str = render("path", result)
-    return text
-
-
 if __name__ == "__main__":  # pragma: no cover - use `baton bench path`
     sys.exit("run `baton bench path --help`")

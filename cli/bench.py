@@ -488,7 +488,8 @@ def path(  # noqa: PLR0917 - typer options
 
     from baton.bench import report
     from baton.bench.chaos.stack import fresh_database
-    from baton.bench.path import ARMS, PathConfig, markdown, plot, run_path
+    from baton.bench.docreport import render
+    from baton.bench.path import ARMS, PathConfig, plot, run_path
     from baton.core.db import Database
     from baton.core.settings import load_settings
 
@@ -496,7 +497,7 @@ def path(  # noqa: PLR0917 - typer options
         import json
 
         loaded = json.loads(from_json.read_text())
-        typer.echo(markdown(loaded))
+        typer.echo(render("path", loaded))
         typer.echo(f"plot: {plot(from_json.with_suffix('.png'), loaded)}")
         return
 
@@ -521,7 +522,7 @@ def path(  # noqa: PLR0917 - typer options
     written = report.write_json(target, result)
     png = plot(written.with_suffix(".png"), result)
     _print_path(result)
-    typer.echo(markdown(result))
+    typer.echo(render("path", result))
     typer.echo(f"results: {written}\nplot: {png}")
 
 

@@ -10,7 +10,9 @@ from typing import Any
 
 from sqlalchemy import inspect
 
+from baton.control.usecase import Actor
 from baton.core import models as m
+from baton.core.db import UnitOfWork
 
 #: Columns never copied into the log.
 SECRET_COLUMNS = frozenset({"key_hash", "token_hash", "password_hash", "csrf_token"})
@@ -44,3 +46,16 @@ def snapshot(obj: m.Base | None) -> dict[str, Any] | None:
         for col in mapper.column_attrs
         if col.key not in SECRET_COLUMNS
     }
+
+
+def audit(uow: UnitOfWork, actor: Actor, action: str, target_type: str, target_id: Any, *,
+          tenant_id: uuid.UUID | None = None, before: m.Base | dict[str, Any] | None = None,
+          after: m.Base | dict[str, Any] | None = None) -> None:
+    """One ``audit_log`` row in the caller's unit of work (committed with the change, or not at all)."""
+    uow.audit.record(
+        actor=actor.name, action=action, target_type=target_type,
+        target_id=str(target_id) if target_id is not None else None, tenant_id=tenant_id,
+        before=before if isinstance(before, dict) or before is None else snapshot(before),
+        after=after if isinstance(after, dict) or after is None else snapshot(after),
+        request_id=actor.request_id,
+    )

@@ -14,9 +14,9 @@ import uuid
 from dataclasses import dataclass, field, fields
 from typing import Any, Literal
 
-from baton.control.audit import snapshot
-from baton.control.services import Actor, Notifier, audit
+from baton.control.audit import audit, snapshot
 from baton.control.spec import deployment_spec, throughput_from
+from baton.control.usecase import Actor, Notifier
 from baton.control.views import UNSET, Page, Precondition, Unset, check
 from baton.core import errors
 from baton.core import models as m

@@ -13,9 +13,9 @@ import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass, fields
 
-from baton.control.audit import snapshot
-from baton.control.services import Actor, Notifier, audit
+from baton.control.audit import audit, snapshot
 from baton.control.slo import load_admission_table
+from baton.control.usecase import Actor, Notifier
 from baton.control.views import Page, Precondition, check
 from baton.core import errors
 from baton.core import models as m

@@ -26,7 +26,8 @@ from typing import Protocol
 from sqlalchemy import select
 
 from baton.core import models as m
-from baton.core.db import UnitOfWork, translated
+from baton.core.db import UnitOfWork
+from baton.core.dberrors import translated
 
 
 class SloPolicyLike(Protocol):

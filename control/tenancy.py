@@ -9,7 +9,7 @@ declines it. A tenant may also ask for a particular model (:meth:`Tenancy.reques
 however it is made, answers the tenant's pending requests it satisfies (those for that model and those
 for any model). API keys themselves are :class:`~baton.control.keys.KeyService`'s (``control.keys``).
 
-Every method that changes something takes the :class:`~baton.control.services.Actor` it acts for,
+Every method that changes something takes the :class:`~baton.control.usecase.Actor` it acts for,
 writes its audit rows in its own transaction and, after the commit, tells the gateways what they must
 forget (``notify.invalidate``). What it returns is a frozen view, copied before the unit of work closes.
 """
@@ -23,11 +23,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field, fields
 from typing import Any, Literal
 
-from baton.control.audit import snapshot
+from baton.control.audit import audit, snapshot
 from baton.control.catalogue import ModelView
 from baton.control.keys import KeyService
 from baton.control.roles import TenantAction, authorize
-from baton.control.services import Actor, Notifier, audit
+from baton.control.usecase import Actor, Notifier
 from baton.control.views import Page, Precondition, check
 from baton.core import errors
 from baton.core import models as m

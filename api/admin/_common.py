@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-from baton.control.services import Actor
+from baton.control.usecase import Actor
 
 from .deps import AdminPrincipal
 
 
 def actor(who: AdminPrincipal) -> Actor:
-    """The :class:`~baton.control.services.Actor` an admin request acts as (``admin:<token name>``)."""
+    """The :class:`~baton.control.usecase.Actor` an admin request acts as (``admin:<token name>``)."""
     return Actor(name=who.actor, request_id=who.request_id)

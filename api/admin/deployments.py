@@ -13,7 +13,7 @@ from typing import Annotated, Any
 
 from fastapi import APIRouter, Query, Request, Response, status
 
-from baton.control.services import Actor
+from baton.control.usecase import Actor
 from baton.core import models as m
 
 from . import convert

@@ -9,7 +9,7 @@ from typing import Annotated, Literal
 from fastapi import APIRouter, Query, Request, Response, status
 
 from baton.control.planning import PlanRequest
-from baton.control.services import Actor
+from baton.control.usecase import Actor
 
 from . import convert
 from .deps import Admin, AdminPrincipal, Ctx, Paging, check_if_match, set_etag

@@ -41,7 +41,7 @@ from baton.control.catalogue import DeploymentView
 from baton.control.planning import PlanRequest
 from baton.control.policies import PolicyChanges
 from baton.control.records import RequestFilter, request_records
-from baton.control.services import Actor
+from baton.control.usecase import Actor
 from baton.control.views import Precondition
 from baton.core import models as m
 

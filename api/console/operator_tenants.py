@@ -23,8 +23,8 @@ from baton.api.admin.schemas import (
 )
 from baton.api.console.auth import ConsoleUser
 from baton.api.console.routes import ConsoleRoute, Ctx, OperatorUser
-from baton.control.services import Actor
 from baton.control.tenancy import AccessRequestView, Limits, NewUser, TenantView, UserChanges
+from baton.control.usecase import Actor
 from baton.core import models as m
 from baton.core.passwords import hash_password
 

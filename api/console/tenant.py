@@ -13,8 +13,8 @@ from pydantic import BaseModel, ConfigDict, Field
 from baton.api.console import queries
 from baton.api.console.routes import ConsoleRoute, Ctx, TenantUser
 from baton.control.keys import ApiKeyView, IssuedKey
-from baton.control.services import Actor
 from baton.control.tenancy import AccessRequestView, RequestAccess
+from baton.control.usecase import Actor
 from baton.core import errors
 from baton.core import models as m
 

@@ -20,7 +20,7 @@ from sqlalchemy.orm import Session
 
 from baton.core import errors
 from baton.core import models as m
-from baton.core.db import translated
+from baton.core.dberrors import translated
 
 T = TypeVar("T", bound=m.Base)
 

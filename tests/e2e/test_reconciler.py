@@ -62,7 +62,8 @@ def stack(own_db, ray_head: Any, tiny_model: Path):  # type: ignore[no-untyped-d
     from baton.api.admin.router import router
     from baton.control.ray_client import RayServeClient
     from baton.control.reconciler import Reconciler
-    from baton.control.services import ControlPlane, RecordingNotifier
+    from baton.control.services import ControlPlane
+    from baton.control.usecase import RecordingNotifier
 
     settings, db = own_db
     s = settings.model_copy(

@@ -10,7 +10,8 @@ from sqlalchemy import text
 
 from baton.core import errors
 from baton.core import models as m
-from baton.core.db import Database, translated
+from baton.core.db import Database
+from baton.core.dberrors import translated
 
 
 def _tenant(db: Database, name: str | None = None) -> m.Tenant:

@@ -95,3 +95,72 @@ def test_importing_baton_builds_nothing_heavy() -> None:
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True)
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.strip() == "", f"imported at import time: {out.stdout.strip()}"
+
+
+def _dependencies(path: Path, modules: dict[str, Path]) -> set[str]:
+    """The ``baton`` modules ``path`` imports, inside functions too (a deferred import is still a
+    dependency), leaving out imports under ``if TYPE_CHECKING:``; ``from pkg import sub`` counts both."""
+    tree = ast.parse(path.read_text())
+    typing_only = {id(n) for node in ast.walk(tree)
+                   if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test) for n in ast.walk(node)}
+    found: set[str] = set()
+    for node in ast.walk(tree):
+        if id(node) in typing_only:
+            continue
+        if isinstance(node, ast.Import):
+            found.update(a.name for a in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            found.add(node.module)
+            found.update(f"{node.module}.{a.name}" for a in node.names)
+    return found & modules.keys()
+
+
+def import_cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components of more than one module (Tarjan), each sorted."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    cycles: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in graph.get(v, ()):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                cycles.append(sorted(component))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return cycles
+
+
+def test_no_import_cycle_in_the_baton_namespace() -> None:
+    modules = _modules()
+    graph = {name: _dependencies(path, modules) - {name} for name, path in modules.items()}
+    assert import_cycles(graph) == []
+
+
+def test_the_cycle_finder_finds_a_cycle_through_a_deferred_import(tmp_path: Path) -> None:
+    a, b, c = tmp_path / "a.py", tmp_path / "b.py", tmp_path / "c.py"
+    a.write_text("from baton.x import b\n")
+    b.write_text("def f():\n    import baton.x.a\n")
+    c.write_text("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    import baton.x.a\n")
+    modules = {"baton.x.a": a, "baton.x.b": b, "baton.x.c": c, "baton.x": tmp_path / "none.py"}
+    graph = {name: _dependencies(path, modules) - {name} for name, path in modules.items() if path.exists()}
+    assert import_cycles(graph) == [["baton.x.a", "baton.x.b"]]

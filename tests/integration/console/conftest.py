@@ -10,7 +10,7 @@ import pytest
 from fastapi import FastAPI
 from fastapi.testclient import TestClient
 
-from baton.control.services import RecordingNotifier as Recorder
+from baton.control.usecase import RecordingNotifier as Recorder
 from baton.core import models as m
 from baton.core.db import Database
 

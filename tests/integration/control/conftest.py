@@ -10,7 +10,7 @@ from fastapi import FastAPI
 from fastapi.testclient import TestClient
 from pydantic import SecretStr
 
-from baton.control.services import RecordingNotifier as Recorder
+from baton.control.usecase import RecordingNotifier as Recorder
 
 ADMIN_TOKEN = "test-bootstrap-admin-token"
 

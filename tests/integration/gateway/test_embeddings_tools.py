@@ -132,7 +132,7 @@ def test_a_catalogue_change_reaches_every_gateways_cached_grants(
 
     from baton.control.catalogue import Catalogue as CatalogueService
     from baton.control.catalogue import ModelChanges
-    from baton.control.services import Actor, RedisNotifier
+    from baton.control.usecase import Actor, RedisNotifier
 
     name = catalogue.tools
     key = make_tenant([name])

@@ -14,7 +14,6 @@ import pytest
 from baton.bench import docreport, gateway, report, stats
 from baton.bench import fairness as fb
 from baton.bench.gateway import GatewayConfig
-from baton.bench.path import markdown
 from baton.bench.pd import PdConfig
 from baton.bench.serve import ServeConfig
 
@@ -250,7 +249,7 @@ def test_path_from_the_committed_result_its_name_picks_the_renderer(tmp_path: Pa
     assert "| **all processes** | 206.38 | 238.00 | 352.75 | 335.62 | 449.75 |" in text
     assert "| `baton_pd_added_ttft_p50_ms` | 50.53 | 15 | **no** |" in text
     assert "| `pd_saturation_vs_engine` | 0.51 | 0.5 | yes |" in text
-    assert text.startswith(markdown(_committed("bench-path.json")))  # `baton bench path --from-json` prints the same
+    assert text.startswith(docreport.render("path", _committed("bench-path.json")))  # as `bench path --from-json`
 
 
 def test_recovery_from_the_committed_result(tmp_path: Path) -> None:

@@ -1,6 +1,7 @@
 """`baton bench path`'s arithmetic: a P/D request's TTFT split into hops from its spans, and the report."""
 
-from baton.bench.path import HOPS, attribute, markdown, targets_met
+from baton.bench.docreport import render
+from baton.bench.path import HOPS, attribute, targets_met
 
 MS = 1_000_000
 
@@ -53,6 +54,6 @@ def test_the_report_renders_every_arm_and_hop():
               "saturation_vs_engine": {"engine": 1.0, "serve-pd": 1.0},
               "cpu_ms_per_request_c1": {"engine": {"bare engine: engine core": 3.0}},
               "targets": targets_met({"concurrency": {}})}
-    text = markdown(result)
+    text = render("path", result)
     assert "| 1 | serve-pd | 2/0 | 20.00 |" in text and "| remote prefill call | 10.00 |" in text
     assert "| bare engine: engine core | 3.00 |" in text
