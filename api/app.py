@@ -8,19 +8,29 @@ console) are mounted when their modules exist.
 
 from __future__ import annotations
 
+import hmac
 import importlib
 import logging
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from typing import Any
 
+import redis.asyncio as aioredis
 from fastapi import FastAPI, Request, Response
 from fastapi.responses import JSONResponse
 from pydantic import SecretStr
 
+from baton.api.body_limit import BodyLimit
 from baton.api.errors import install_error_handlers
+from baton.api.gateway.build import build_gateway
+from baton.api.gateway.fastpath import FastPath
+from baton.api.gateway.metrics import CONTENT_TYPE, GatewayMetrics
+from baton.api.gateway.routes import fallback
+from baton.api.gateway.routes import router as gateway_router
+from baton.api.services import AppServices
 from baton.core.db import Database
 from baton.core.settings import Settings, load_settings
+from baton.core.telemetry import setup_tracing
 
 log = logging.getLogger(__name__)
 
@@ -72,17 +82,11 @@ def create_app(
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        import redis.asyncio as aioredis
-
-        from baton.api.gateway.build import build_gateway
-
         own_db = db is None
         own_redis = redis is None
         database = db or Database.for_services(settings)
         red: Any = redis or aioredis.Redis.from_url(settings.redis.url, socket_timeout=5, socket_connect_timeout=2,
                                                health_check_interval=30)
-        from baton.core.telemetry import setup_tracing
-
         own_tracing = tracing is None
         tracer = tracing or setup_tracing(settings.telemetry)
         gateway = build_gateway(settings, db=database, redis=red, router=router, http_client=http_client,
@@ -92,7 +96,6 @@ def create_app(
         app.state.db = database
         app.state.redis = red
         app.state.gateway = gateway
-        from baton.api.services import AppServices
 
         services = AppServices.build(settings, database, redis_client=sync_redis, notify=notify)
         app.state.services = services
@@ -118,17 +121,10 @@ def create_app(
         lifespan=lifespan,
     )
     install_error_handlers(app)
-    from baton.api.body_limit import BodyLimit
-    from baton.api.gateway.fastpath import FastPath
-
     app.add_middleware(FastPath)  # inside the body limit: the hot routes' plain case (api/gateway/fastpath.py)
     app.add_middleware(BodyLimit, max_bytes=settings.gateway.max_request_bytes)
 
-    from baton.api.gateway.routes import router as gateway_router
-
     app.include_router(gateway_router)
-
-    from baton.api.gateway.metrics import CONTENT_TYPE, GatewayMetrics
 
     metrics = GatewayMetrics(tenant_labels=settings.telemetry.metrics_tenant_labels)
     scrape_ok = scrape_check(settings.telemetry.metrics_token)
@@ -151,8 +147,6 @@ def create_app(
         return {"status": "ok"}
 
     include_optional_routers(app, OPTIONAL_ROUTERS if optional_routers is None else optional_routers)
-    from baton.api.gateway.routes import fallback
-
     app.include_router(fallback)  # last: every other /v1 path answers in OpenAI's shape
     _document_v1_errors_as_400(app)
     return app
@@ -164,8 +158,6 @@ _LOOPBACK = frozenset({"127.0.0.1", "::1", "localhost"})
 def scrape_check(token: SecretStr | None) -> Callable[[Request], Response | None]:
     """Who may read ``/metrics``: with a token, a request bearing it (compared in constant time); without
     one, loopback clients only. Returns a check of a request: None to serve it, else the refusal."""
-    import hmac
-
     want = token.get_secret_value().encode() if token is not None else None
 
     def check(request: Request) -> Response | None:

@@ -23,7 +23,7 @@ from typing import Any
 
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
-from baton.core.settings import GatewaySettings
+from baton.core.settings import GatewaySettings, load_settings
 
 _408 = b"HTTP/1.1 408 Request Timeout\r\ncontent-type: text/plain\r\nconnection: close\r\ncontent-length: 39\r\n\r\n" \
        b"The request did not arrive in time.\r\n\r\n"
@@ -46,8 +46,6 @@ class ReadLimits:
 
 @functools.cache
 def _process_limits() -> ReadLimits:
-    from baton.core.settings import load_settings
-
     return ReadLimits.of(load_settings().gateway)
 
 

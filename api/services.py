@@ -12,6 +12,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+import redis
+
 from baton.control.services import ControlPlane
 from baton.control.usecase import Notifier
 from baton.core.db import Database
@@ -32,8 +34,6 @@ class AppServices:
               notify: Notifier | None = None) -> AppServices:
         owned: list[Any] = []
         if redis_client is None:
-            import redis
-
             redis_client = redis.Redis.from_url(settings.redis.url, socket_timeout=2, socket_connect_timeout=2,
                                                 health_check_interval=30)
             owned.append(redis_client)

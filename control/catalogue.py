@@ -22,6 +22,7 @@ from baton.core import errors
 from baton.core import models as m
 from baton.core.db import Database, UnitOfWork
 from baton.core.settings import Settings
+from baton.dataplane.render import render_serve_application
 
 Mode = Literal["aggregated", "pd"]
 Dtype = Literal["float32", "bfloat16", "float16", "fp8", "int8"]
@@ -298,8 +299,6 @@ class Catalogue:
 
     def _render(self, uow: UnitOfWork, d: m.Deployment) -> dict[str, Any]:
         """Converts the row to the data plane's spec and renders its Serve entry (400 if refused)."""
-        from baton.dataplane.render import render_serve_application
-
         if d.mode is m.DeploymentMode.PD:
             if not d.kv_connector or d.kv_connector == "none":
                 raise errors.ValidationError("P/D mode needs a KV connector (kv_connector: nixl).",

@@ -12,7 +12,11 @@ from collections.abc import Callable
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
+import redis
 from celery import Celery, Task
+
+from baton.control.keys import RedisKeyEvents
+from baton.core.db import Database
 
 if TYPE_CHECKING:
     from baton.control.reconciler import ReconcileResult
@@ -39,14 +43,14 @@ class _Context:
     @property
     def db(self) -> Any:
         if self._db is None:
-            from baton.core.db import Database
-
             self._db = Database.for_services(self.settings)
         return self._db
 
     @property
     def reconciler(self) -> Any:
         if self._reconciler is None:
+            # deferred: the worker's reconciler (the Ray client, the data plane's renderer); a process that
+            # only sends tasks never needs them
             from baton.control.ray_client import RayServeClient
             from baton.control.reconciler import Reconciler
 
@@ -78,7 +82,7 @@ def create_celery(settings: Any, *, queue: str = QUEUE) -> Celery:
 
     @app.task(name=RECONCILE, bind=True, max_retries=30)  # type: ignore[untyped-decorator,unused-ignore]
     def reconcile_task(self: Task, reason: str = "change") -> dict[str, Any]:
-        from baton.control import jobs
+        from baton.control import jobs  # deferred: task bodies; a process that only sends tasks never needs them
 
         result: ReconcileResult = jobs.reconcile(ctx.db, ctx.reconciler, task_id=self.request.id, reason=reason)
         if not result.locked:
@@ -90,15 +94,14 @@ def create_celery(settings: Any, *, queue: str = QUEUE) -> Celery:
 
     @app.task(name=ROLLUP, bind=True)  # type: ignore[untyped-decorator,unused-ignore]
     def rollup_task(self: Task, days: int = 2) -> int:
-        from baton.control import jobs
+        from baton.control import jobs  # deferred: task bodies; a process that only sends tasks never needs them
 
         rows: int = jobs.roll_up_usage(ctx.db, days=days, task_id=self.request.id)
         return rows
 
     @app.task(name=EXPIRE_KEYS, bind=True)  # type: ignore[untyped-decorator,unused-ignore]
     def expire_keys_task(self: Task) -> list[str]:
-        from baton.control import jobs
-        from baton.control.keys import RedisKeyEvents
+        from baton.control import jobs  # deferred: task bodies; a process that only sends tasks never needs them
 
         done: list[str] = jobs.expire_keys(ctx.db, task_id=self.request.id,
                                            events=RedisKeyEvents.from_settings(settings))
@@ -106,7 +109,7 @@ def create_celery(settings: Any, *, queue: str = QUEUE) -> Celery:
 
     @app.task(name=PURGE_RESPONSES, bind=True)  # type: ignore[untyped-decorator,unused-ignore]
     def purge_responses_task(self: Task) -> int:
-        from baton.control import jobs
+        from baton.control import jobs  # deferred: task bodies; a process that only sends tasks never needs them
 
         deleted: int = jobs.purge_responses(ctx.db, task_id=self.request.id)
         return deleted
@@ -116,8 +119,6 @@ def create_celery(settings: Any, *, queue: str = QUEUE) -> Celery:
 
 def _claim_follow_up(settings: Any) -> bool:
     """At most one pending follow-up poll at a time, across workers."""
-    import redis
-
     try:
         r = redis.Redis.from_url(settings.redis.url, socket_timeout=2)
         return bool(r.set("baton:reconcile:follow-up", "1", nx=True, px=int(FOLLOW_UP_S * 1000)))

@@ -18,6 +18,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+import redis as redis_lib
+
 from baton.core import errors
 from baton.core.contracts import (
     ENGINE_LOAD_INDEX,
@@ -278,8 +280,6 @@ class FlowMonitor:
 
     def overview(self) -> FlowOverview:
         """Every model's queues over all gateway processes (503 when Redis cannot be read)."""
-        import redis as redis_lib
-
         try:
             views = read_flow_views(self.redis)
             engines = read_engine_loads(self.redis)

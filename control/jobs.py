@@ -11,6 +11,7 @@ import uuid
 from collections.abc import Callable
 from typing import Any, TypeVar
 
+from baton.control.audit import snapshot
 from baton.control.keys import KeyEvents, NoKeyEvents
 from baton.control.reconciler import Reconciler, ReconcileResult
 from baton.core import errors
@@ -79,8 +80,6 @@ def expire_keys(db: Database, *, now: dt.datetime | None = None, task_id: str | 
                 events: KeyEvents | None = None) -> list[str]:
     """Closes keys past their expiry (``revoked_at`` = their expiry time) and tells every gateway to
     forget them; audited. Rotated keys whose overlap window has ended are among them."""
-    from baton.control.audit import snapshot
-
     def work() -> list[str]:
         at = now or dt.datetime.now(dt.UTC)
         done: list[str] = []

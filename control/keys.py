@@ -19,6 +19,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal, Protocol
 
+import redis
+
 from baton.control.roles import TenantAction, authorize
 from baton.core import errors
 from baton.core import models as m
@@ -70,8 +72,6 @@ class RedisKeyEvents:
 
     @classmethod
     def from_settings(cls, settings: Settings) -> RedisKeyEvents:
-        import redis
-
         return cls(redis.Redis.from_url(settings.redis.url, socket_timeout=2, socket_connect_timeout=2))
 
     def key_changed(self, key_id: uuid.UUID) -> None:

@@ -32,6 +32,7 @@ from __future__ import annotations
 import bisect
 import dataclasses
 import datetime as dt
+import io
 import math
 import random
 import statistics
@@ -613,8 +614,6 @@ PlotLayout = Literal["wide", "narrow"]
 
 def render_plot(result: Plan, fmt: str = "png", layout: PlotLayout = "wide") -> bytes:
     """:func:`plot_figure`, as PNG or SVG."""
-    import io
-
     buf = io.BytesIO()
     plot_figure(result, layout).savefig(buf, format=fmt)
     return buf.getvalue()
@@ -626,10 +625,10 @@ def plot_figure(result: Plan, layout: PlotLayout = "wide") -> Any:
     the closest highlighted), and TTFT/TPOT against load for aggregated and the recommended (or best)
     split, with the SLO lines. ``wide``: the two side by side; ``narrow`` (a phone): one above the other, at
     a size whose labels stay readable at a phone's width."""
-    import matplotlib
+    import matplotlib  # deferred: matplotlib (~0.5 s) only when a plot is drawn
 
     matplotlib.use("Agg")
-    from matplotlib.figure import Figure
+    from matplotlib.figure import Figure  # deferred: after the backend is chosen
 
     if layout == "narrow":
         fig = Figure(figsize=(4.0, 7.6), dpi=110)

@@ -15,6 +15,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from baton.control import planner as pl
 from baton.core import errors
 from baton.core.db import Database
 from baton.core.settings import Settings
@@ -95,8 +96,6 @@ class Planning:
         self.settings, self.db = settings, db
 
     def plan(self, model_id: uuid.UUID, req: PlanRequest) -> PlanOutcome:
-        from baton.control import planner as pl
-
         ratios = [(p, d) for p, d in (req.ratios or pl.DEFAULT_RATIOS)]
         if any(p < 1 or d < 1 or p > 64 or d > 64 for p, d in ratios):
             raise errors.ValidationError("Each ratio is two integers from 1 to 64.", param="ratios")

@@ -41,7 +41,7 @@ from baton.control.spec import deployment_spec, throughput_from
 from baton.core import errors
 from baton.core import models as m
 from baton.core.db import Database, UnitOfWork
-from baton.dataplane.render import PREFILL_APP_SUFFIX, render_serve_config
+from baton.dataplane.render import PREFILL_APP_SUFFIX, render_serve_applications, render_serve_config
 
 log = logging.getLogger(__name__)
 
@@ -181,8 +181,6 @@ class Reconciler:
 
     def _desired(self) -> tuple[dict[uuid.UUID, _Row], list[dict[str, Any]], dict[uuid.UUID, str]]:
         """Rows, the Serve application entries of those that should run, and the invalid ones."""
-        from baton.dataplane.render import render_serve_applications
-
         rows: dict[uuid.UUID, _Row] = {}
         entries: list[dict[str, Any]] = []
         invalid: dict[uuid.UUID, str] = {}

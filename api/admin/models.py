@@ -6,8 +6,10 @@ import base64
 import uuid
 from typing import Annotated, Literal
 
+import orjson
 from fastapi import APIRouter, Query, Request, Response, status
 
+from baton.control.planner import render_plot
 from baton.control.planning import PlanRequest
 from baton.control.usecase import Actor
 
@@ -80,15 +82,11 @@ def plan_model(*,
 ) -> Response:
     """Should this model be disaggregated, and at which P:D ratio? The seed's cost model, with numbers
     (KV bytes per request, transfer lower bound, goodput per GPU of each configuration) and a plot."""
-    from baton.control.planner import render_plot
-
     outcome = ctx.control.planning.plan(model_id, body or PlanRequest())
     if format == "png":
         return Response(render_plot(outcome.result, "png", layout), media_type="image/png")
     if format == "svg":
         return Response(render_plot(outcome.result, "svg", layout), media_type="image/svg+xml")
-    import orjson
-
     png = render_plot(outcome.result, "png", layout)
     out = {**outcome.as_dict(), "plot_png_base64": base64.b64encode(png).decode()}
     return Response(orjson.dumps(out), media_type="application/json")

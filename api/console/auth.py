@@ -26,6 +26,7 @@ from urllib.parse import urlsplit
 from argon2 import PasswordHasher
 from argon2.exceptions import InvalidHashError, VerificationError, VerifyMismatchError
 
+from baton.control.audit import snapshot
 from baton.core import errors
 from baton.core import models as m
 from baton.core.db import Database
@@ -278,8 +279,6 @@ class LoginThrottle:
 
 def create_operator(db: Database, *, email: str, password: str, actor: str = "cli") -> uuid.UUID:
     """Creates a platform operator (a console user without a tenant); returns its id."""
-    from baton.control.audit import snapshot
-
     email = email.strip()
     if "@" not in email or len(email) > 320:
         raise errors.ValidationError("Enter a valid email address.", param="email")

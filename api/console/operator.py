@@ -38,6 +38,7 @@ from baton.api.admin.schemas import (
 from baton.api.console.auth import ConsoleUser
 from baton.api.console.routes import ConsoleRoute, Ctx, OperatorUser
 from baton.control.catalogue import DeploymentView
+from baton.control.planner import render_plot
 from baton.control.planning import PlanRequest
 from baton.control.policies import PolicyChanges
 from baton.control.records import RequestFilter, request_records
@@ -134,8 +135,6 @@ def delete_model(model_id: uuid.UUID, ctx: Ctx, request: Request, user: Operator
 @router.post("/models/{model_id}/plan")
 def plan_model(model_id: uuid.UUID, ctx: Ctx, user: OperatorUser, body: PlanRequest | None = None) -> dict[str, Any]:
     """The planner's answer for one model (no recommendation when nothing meets the SLO), with its plot."""
-    from baton.control.planner import render_plot
-
     outcome = ctx.control.planning.plan(model_id, body or PlanRequest())
     out: dict[str, Any] = outcome.as_dict()
     out["plot_png_base64"] = base64.b64encode(render_plot(outcome.result, "png")).decode()

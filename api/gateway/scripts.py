@@ -23,6 +23,8 @@ from collections import deque
 from collections.abc import Sequence
 from typing import Any
 
+from redis.asyncio.connection import Connection
+
 _CRLF = b"\r\n"
 
 
@@ -248,8 +250,6 @@ def lean_scripts(redis: Any) -> LeanScripts | None:
     """A :class:`LeanScripts` on the same server as ``redis`` (a ``redis.asyncio.Redis``), or None when
     that client is not a plain TCP connection this module can reproduce."""
     try:
-        from redis.asyncio.connection import Connection
-
         pool = redis.connection_pool
         if pool.connection_class is not Connection:
             return None

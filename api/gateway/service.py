@@ -47,7 +47,14 @@ from baton.api.gateway.responses import ResponseStore
 from baton.api.gateway.resume import Attempts, FailoverOpener, PoolHealth, ResumePolicy, ResumingRelay, resumable
 from baton.api.gateway.routing import Router, Upstream
 from baton.api.gateway.schemas import MAX_N, SERVER_FIELDS
-from baton.api.gateway.tokens import InvalidTextError, PromptCounter, surrogate_path, text_of
+from baton.api.gateway.tokens import (
+    InvalidTextError,
+    PromptCounter,
+    count_completion_prompt,
+    prompt_count,
+    surrogate_path,
+    text_of,
+)
 from baton.api.gateway.upstream import Opener, UpstreamClient, UpstreamResponse
 from baton.core import errors
 from baton.core import models as m
@@ -253,8 +260,6 @@ class Gateway:
                           cap=principal.max_request_tokens)
 
     async def prepare_completion(self, principal: Principal, payload: dict[str, Any]) -> Call:
-        from baton.api.gateway.tokens import count_completion_prompt, prompt_count
-
         grant = principal.model(payload["model"])
         check_kind(grant, "completions")
         check_parameters(payload)

@@ -128,7 +128,7 @@ def _load(source: str) -> Any:
     try:
         if not path.is_file():
             return None
-        from tokenizers import Tokenizer
+        from tokenizers import Tokenizer  # deferred: only for a model whose tokenizer is read
 
         return Tokenizer.from_file(str(path))
     except Exception as exc:  # a broken tokenizer file must not fail requests: fall back to estimates

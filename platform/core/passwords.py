@@ -51,7 +51,7 @@ def check(password: str) -> None:
 
 @functools.cache
 def _hasher():  # type: ignore[no-untyped-def]
-    from argon2 import PasswordHasher
+    from argon2 import PasswordHasher  # deferred: only processes that check passwords load argon2
 
     return PasswordHasher()
 

@@ -14,8 +14,10 @@ import uuid
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, Generic, TypeVar
 
+import psycopg
 from sqlalchemy import Date, Integer, Select, delete, func, literal, literal_column, select, text, union_all, update
 from sqlalchemy.dialects.postgresql import insert
+from sqlalchemy.exc import DBAPIError
 from sqlalchemy.orm import Session
 
 from baton.core import errors
@@ -103,9 +105,6 @@ def _insert_staged(session: Session, model: type[m.Base], key: str, rows: Sequen
     binding arrays or a multi-row ``VALUES`` (a ``COPY`` straight into the table would not be idempotent,
     and is refused under row-level security). A failed batch leaves nothing behind: the staged rows roll
     back with the transaction."""
-    import psycopg
-    from sqlalchemy.exc import DBAPIError
-
     table: Any = model.__table__
     names = tuple(rows[0])
     with translated():

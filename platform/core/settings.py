@@ -13,6 +13,8 @@ from typing import Any
 from pydantic import BaseModel, Field, SecretStr
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from baton.core.errors import ConfigurationError
+
 
 class DatabaseSettings(BaseModel):
     url: str = Field(
@@ -33,7 +35,7 @@ class DatabaseSettings(BaseModel):
     def service_url(self) -> str:
         if self.app_url:
             return self.app_url
-        from sqlalchemy.engine import make_url
+        from sqlalchemy.engine import make_url  # deferred: SQLAlchemy, which reading settings never needs
 
         return make_url(self.url).set(username=self.app_role, password=None).render_as_string(
             hide_password=False
@@ -276,8 +278,6 @@ class Settings(BaseSettings):
 
     def check_production(self) -> None:
         """Refuse to run in prod with the development secrets."""
-        from baton.core.errors import ConfigurationError
-
         if self.env != "prod":
             return
         for name, secret in (

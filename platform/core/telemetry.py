@@ -75,6 +75,7 @@ def setup_tracing(
     """
     if not settings.enabled:
         return Tracing(trace.NoOpTracer(), None)
+    # deferred: the SDK's sampling and Baton's exporter, only when tracing is on
     from opentelemetry.metrics import NoOpMeterProvider
     from opentelemetry.sdk.trace.sampling import ParentBased, TraceIdRatioBased
 
@@ -82,7 +83,7 @@ def setup_tracing(
                               sampler=ParentBased(TraceIdRatioBased(settings.sample_ratio)),
                               meter_provider=NoOpMeterProvider())  # no SDK self-metrics per span
     if exporter is None:
-        from baton.core.otlp import OtlpHttpExporter, exporter_options
+        from baton.core.otlp import OtlpHttpExporter, exporter_options  # deferred: only when tracing is on
 
         try:  # Baton's endpoint, with the standard OTEL_EXPORTER_OTLP_* variables
             options = exporter_options(settings.otlp_endpoint)

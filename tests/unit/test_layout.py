@@ -164,3 +164,43 @@ def test_the_cycle_finder_finds_a_cycle_through_a_deferred_import(tmp_path: Path
     modules = {"baton.x.a": a, "baton.x.b": b, "baton.x.c": c, "baton.x": tmp_path / "none.py"}
     graph = {name: _dependencies(path, modules) - {name} for name, path in modules.items() if path.exists()}
     assert import_cycles(graph) == [["baton.x.a", "baton.x.b"]]
+
+
+#: Layers whose imports sit at the top of the module; one inside a function says why it waits
+#: (``# deferred: ...`` on its line or on the comment and import lines just above it). The data plane
+#: defers Ray, vLLM and LMCache by rule (only replicas load them), the CLI and the benches every command's
+#: parts (so that ``baton --help`` starts at once).
+TOP_IMPORTS = ("baton.core", "baton.control", "baton.api")
+
+
+def deferred_without_reason(path: Path) -> list[int]:
+    """Lines of imports inside functions of ``path`` that no ``deferred`` comment explains."""
+    lines = path.read_text().splitlines()
+    out = []
+    for fn in ast.walk(ast.parse(path.read_text())):
+        if not isinstance(fn, ast.FunctionDef | ast.AsyncFunctionDef):
+            continue
+        for node in ast.walk(fn):
+            if not isinstance(node, ast.Import | ast.ImportFrom):
+                continue
+            i = node.lineno - 1
+            said = "# deferred" in lines[i]
+            while not said and i > 0 and lines[i - 1].strip().startswith(("#", "import ", "from ")):
+                i -= 1
+                said = "# deferred" in lines[i]
+            if not said:
+                out.append(node.lineno)
+    return sorted(set(out))
+
+
+def test_imports_inside_functions_say_why_they_wait() -> None:
+    found = {name: lines for name, path in _modules().items() if name.startswith(TOP_IMPORTS)
+             if (lines := deferred_without_reason(path))}
+    assert found == {}
+
+
+def test_an_unexplained_import_inside_a_function_is_found(tmp_path: Path) -> None:
+    path = tmp_path / "m.py"
+    path.write_text("def f():\n    import json\n\n\ndef g():\n    # deferred: heavy\n    import json\n"
+                    "    from os import path\n\n\ndef h():\n    import json  # deferred: heavy\n")
+    assert deferred_without_reason(path) == [2]
