@@ -520,7 +520,8 @@ class ResumingRelay(SSERelay):
         if obj is None or choice is None:
             return None, failure
         ids = self._take_ids(obj, choice, st)
-        text = choice.get("text") if not self._chat else (choice.get("delta") or {}).get("content")
+        # a continuation is a /completions stream whatever the client asked: its text is the choice's `text`
+        text = choice.get("text") if not self._chat or st.resumed else (choice.get("delta") or {}).get("content")
         finish = choice.get("finish_reason")
         if isinstance(ids, list) and ids and not text and finish is None and st.ids_ok:
             # The engine's detokenizer holds this token's text back (part of a character); the relay holds

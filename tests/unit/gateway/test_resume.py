@@ -50,6 +50,7 @@ STALL_S = 6.0
 BODIES: list[dict[str, Any]] = []
 PATHS: list[str] = []  # the path of each upstream request, in order
 FALLBACK_SCRIPT: list[tuple[str, int]] = []  # the same, for calls to the fallback pool (default: "ok")
+PACE_S = [0.0]  # the upstream's wait between tokens (a model generates them one by one)
 
 
 def next_token(ids: list[int]) -> int:
@@ -143,7 +144,7 @@ async def _serve(request: Request) -> Response:
                     yield b"data: [DONE]\n\n"
                 return  # "eof": a clean end in the middle
             yield _sse(chunk(tok, first=not chat and i == 0, finish="length" if i == len(tokens) - 1 else None))
-            await asyncio.sleep(0)
+            await asyncio.sleep(PACE_S[0])
         yield _sse({"id": rid, "object": "x", "created": created, "model": body["model"], "choices": [],
                     "usage": {"prompt_tokens": len(prompt), "completion_tokens": len(tokens),
                               "total_tokens": len(prompt) + len(tokens)}})
@@ -182,6 +183,7 @@ def _clean() -> None:
     BODIES.clear()
     PATHS.clear()
     FALLBACK_SCRIPT.clear()
+    PACE_S[0] = 0.0
 
 
 # -- driving the relay ---------------------------------------------------------------------------
@@ -192,7 +194,8 @@ POLICY = ResumePolicy(attempts=4, budget_s=10, backoff_s=0.01)
 async def _relay(base: str, endpoint: str, payload: dict[str, Any], *, policy: ResumePolicy = POLICY,
                  client_usage: bool = True, client_ids: bool = False, read_timeout: float = 10,
                  fallback: str | None = None, health: PoolHealth | None = None,
-                 token_stall_s: float | None = None) -> tuple[list[dict[str, Any]], bytes, Outcome]:
+                 token_stall_s: float | None = None,
+                 sends: list[bytes] | None = None) -> tuple[list[dict[str, Any]], bytes, Outcome]:
     """One streamed request through the gateway's own parts: its upstream client, the first call with its
     retries (:class:`Attempts`) and the relay."""
     payload = {**payload, "stream": True, "stream_options": {"include_usage": True}, "return_token_ids": True,
@@ -220,6 +223,8 @@ async def _relay(base: str, endpoint: str, payload: dict[str, Any], *, policy: R
 
         async def send(message: dict[str, Any]) -> None:
             sent.append(message)
+            if sends is not None:
+                sends.append(message.get("body", b""))
 
         await relay({"type": "http"}, receive, send)
         await asyncio.sleep(0.01)
@@ -284,6 +289,25 @@ def test_a_chat_stream_cut_anywhere_resumes_with_the_exact_tokens(upstream: str,
         0.7, 5, ["zz"], "salt-1")
     assert [(s["step"], s["outcome"]) for s in o.recovery_steps] == [("decode_resume", "recovered")]
     assert {"at_ms", "duration_ms", "detail"} <= set(o.recovery_steps[0])
+
+
+@pytest.mark.parametrize("endpoint", ["completions", "chat/completions"])
+def test_a_resumed_stream_relays_each_token_as_it_comes(upstream: str, endpoint: str) -> None:
+    # The continuation is a /completions stream whatever the client asked: a relay that looked for a chat
+    # chunk's text where a completion has none held every resumed token back until the finish, and the
+    # client saw the rest of its answer in one burst at the end (a stall of the whole continuation's time).
+    chat = endpoint == "chat/completions"
+    PACE_S[0] = 0.02
+    SCRIPT.append(("drop", 3))
+    sends: list[bytes] = []
+    events, _, o = asyncio.run(_relay(upstream, endpoint, CHAT if chat else COMPLETION, sends=sends))
+    n = 12 if chat else 10
+    assert len(_tokens(events, chat=chat)) == n and o.recovery_steps[0]["outcome"] == "recovered"
+    carrying = [body for body in sends if b'"finish_reason":null' in body]
+    assert len(carrying) >= n - 2, [len(b) for b in sends]  # the tokens went out one by one, resumed ones too
+    resumed_first = next(i for i, body in enumerate(sends) if i > 3 and b'"finish_reason":null' in body)
+    finish = next(i for i, body in enumerate(sends) if b'"finish_reason":"length"' in body)
+    assert resumed_first < finish
 
 
 @pytest.mark.parametrize("endpoint", ["completions", "chat/completions"])
