@@ -26,7 +26,7 @@ import logging
 import time
 import uuid
 from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from baton.core import errors
@@ -81,6 +81,11 @@ class Outcome:
         self.recovery_steps.append(RecoveryStep.timed(name, origin_pc=self.start_pc, started_pc=started_pc,
                                                       now_pc=time.perf_counter(), outcome=outcome,
                                                       detail=detail).to_json())
+
+    def client_gap(self, index: int, gap_s: float) -> None:
+        """Notes on recovery step ``index`` what the client waited across it (see ``RecoveryStep``)."""
+        step = RecoveryStep.from_json(self.recovery_steps[index])
+        self.recovery_steps[index] = replace(step, client_gap_ms=round(gap_s * 1000, 3)).to_json()
 
     def rows(self) -> tuple[dict[str, Any] | None, dict[str, Any]]:
         e2e_ms = max((self.end_pc - self.start_pc) * 1000, 0.0)

@@ -396,6 +396,9 @@ class ResumingRelay(SSERelay):
         self._client_ids = client_ids
         self._chat = attempts.endpoint == "chat/completions"
         self._last_pc = outcome.start_pc
+        #: (index of the resume's step, when the client got its last token before the break): the client's
+        #: gap is noted on that step once the first token after the break is relayed
+        self._gap_from: tuple[int, float] | None = None
 
     async def _relay(self, send: Send) -> None:
         st = _Stream()
@@ -438,6 +441,8 @@ class ResumingRelay(SSERelay):
             outcome.step(STEP_DECODE_RESUME, t0, "recovered",
                          f"{failure}; {'resumed after' if st.started else 'retried before'} "
                          f"{len(st.sent)} tokens")
+            if st.sent:
+                self._gap_from = (len(outcome.recovery_steps) - 1, self._last_pc)
         self._account(st)
         if not self._strip:
             event = st.usage_event if not st.resumed and st.usage_event is not None else self._usage_chunk(st)
@@ -641,6 +646,10 @@ class ResumingRelay(SSERelay):
             outcome.first_token = now
         else:
             outcome.gaps.append(now - self._last_pc)
+        if self._gap_from is not None:
+            index, since = self._gap_from
+            outcome.client_gap(index, now - since)
+            self._gap_from = None
         self._last_pc = now
         outcome.completion_tokens = len(st.sent) if st.ids_ok else outcome.completion_tokens + n
 

@@ -136,7 +136,9 @@ DETAIL_MAX = 200
 @dataclass(frozen=True, slots=True)
 class RecoveryStep:
     """One recovery step: what was done (``step``), when (``at_ms`` from the request's start on the
-    recorder's clock), for how long, whether it worked, and who took it (``source``; None: the gateway)."""
+    recorder's clock), for how long, whether it worked, and who took it (``source``; None: the gateway).
+    ``client_gap_ms``: for a stream resumed after a break, what its client waited, from the last token
+    sent before the break to the first one after it (None: not known, or not a resume)."""
 
     step: str
     at_ms: float
@@ -144,6 +146,7 @@ class RecoveryStep:
     outcome: str
     detail: str = ""
     source: StepSource | None = None
+    client_gap_ms: float | None = None
 
     @classmethod
     def timed(cls, step: StepName, *, origin_pc: float, started_pc: float, now_pc: float, outcome: StepOutcome,
@@ -157,6 +160,8 @@ class RecoveryStep:
                                "outcome": self.outcome, "detail": self.detail}
         if self.source is not None:
             out["source"] = self.source
+        if self.client_gap_ms is not None:
+            out["client_gap_ms"] = self.client_gap_ms
         return out
 
     @classmethod
@@ -169,7 +174,7 @@ class RecoveryStep:
         source = o.get("source")
         return cls(name, _num(o, "at_ms") or 0.0, _num(o, "duration_ms") or 0.0, _str(o, "outcome") or "",
                    (_str(o, "detail") or "")[:DETAIL_MAX],
-                   source if source in ("gateway", "dataplane") else None)
+                   source if source in ("gateway", "dataplane") else None, _num(o, "client_gap_ms"))
 
 
 # --- phases -----------------------------------------------------------------------------------------

@@ -64,6 +64,8 @@ def test_the_fact_key_is_the_gateways_request_id_however_it_travelled() -> None:
 def test_recovery_steps_round_trip_and_readers_are_lenient() -> None:
     assert c.RecoveryStep.from_json(STEP.to_json()) == STEP
     assert "source" not in STEP.to_json()  # the gateway's own steps, as records have always held them
+    gap = c.RecoveryStep(c.STEP_DECODE_RESUME, 5.0, 9.0, "recovered", "x", client_gap_ms=80.5)
+    assert c.RecoveryStep.from_json(gap.to_json()) == gap and "client_gap_ms" not in STEP.to_json()
     timed = c.RecoveryStep.timed(c.STEP_DECODE_RESUME, origin_pc=10.0, started_pc=10.5, now_pc=10.75,
                                  outcome="recovered", detail="y" * 500)
     assert (timed.at_ms, timed.duration_ms, len(timed.detail)) == (500.0, 250.0, c.DETAIL_MAX)

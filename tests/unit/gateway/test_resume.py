@@ -308,6 +308,9 @@ def test_a_resumed_stream_relays_each_token_as_it_comes(upstream: str, endpoint:
     resumed_first = next(i for i, body in enumerate(sends) if i > 3 and b'"finish_reason":null' in body)
     finish = next(i for i, body in enumerate(sends) if b'"finish_reason":"length"' in body)
     assert resumed_first < finish
+    # the request record says what the client waited across the break (last token before, first after)
+    [resume] = [s for s in o.recovery_steps if s["step"] == "decode_resume"]
+    assert resume["client_gap_ms"] > 0
 
 
 @pytest.mark.parametrize("endpoint", ["completions", "chat/completions"])
