@@ -157,8 +157,13 @@ def test_a_higher_band_goes_before_the_waiting_lower_band(flow_url: str, flow_mo
         uow.commit()
         gold = policy.name
     warm(flow_url, low, flow_model)
-    # the two running streams hold the model's limit for 4 s: long enough for the waits below on a busy machine
-    running = [start(flow_url, low, flow_model) for _ in range(2)]
+    # the two running streams hold the model's limit for 4 s: long enough for the waits below on a busy machine.
+    # They end half a second apart, so their slots free one at a time: a slot that frees goes to the highest
+    # band waiting (two freed at once would start the high and a low request together, and which first
+    # token reaches its client first would be a race, not the order of the bands)
+    running = [start(flow_url, low, flow_model)]
+    time.sleep(0.5)
+    running.append(start(flow_url, low, flow_model))
     wait_for(lambda: all(a.first_token for a, _ in running))
     low_waiting = [start(flow_url, low, flow_model, delay=0.0) for _ in range(2)]
     wait_for(lambda: metric(flow_url, "baton_flow_waiting", model=flow_model) == 2)
