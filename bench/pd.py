@@ -8,7 +8,7 @@
 The same prompts arrive at the same Poisson times in both arms. Reported per arm and rate: TTFT, TPOT
 and ITL tails (overall and for short and long prompts apart: long prefills stalling short requests'
 decode is what P/D removes), and goodput under the SLO with failures as misses. The control plane's
-planner (:mod:`baton.control.planner`) is calibrated from a short probe on the aggregated engines and
+planner (:mod:`baton.control.pd_cost_model`) is calibrated from a short probe on the aggregated engines and
 its prediction is printed beside the measurement.
 """
 
@@ -191,14 +191,14 @@ def predict(cfg: PdConfig, folder: Path, samples: list[SampleRequest], records: 
             slo: dict[str, float]) -> dict[str, Any]:
     """The planner's answer for this mix, calibrated from the probe; None fields if it cannot say."""
     try:
-        from baton.control import planner
+        from baton.control import pd_cost_model as cost
     except ImportError as exc:  # the planner is part of the control plane; the bench runs without it
         return {"error": f"planner not available: {exc}"}
     shape = model_shape(folder)
-    mshape = planner.ModelShape(num_layers=shape["layers"], num_kv_heads=shape["kv_heads"],
-                                head_dim=shape["head_dim"], dtype="float32")
-    base = planner.Hardware(link_bandwidth_gbps=cfg.link_gbps)
-    cal = planner.calibrate(records, base)
+    mshape = cost.ModelShape(num_layers=shape["layers"], num_kv_heads=shape["kv_heads"],
+                             head_dim=shape["head_dim"], dtype="float32")
+    base = cost.Hardware(link_bandwidth_gbps=cfg.link_gbps)
+    cal = cost.calibrate(records, base)
     hw = cal.hardware if cal else base
     notes = []
     tpots = sorted(r["tpot_ms"] for r in records if r.get("tpot_ms"))
@@ -208,10 +208,10 @@ def predict(cfg: PdConfig, folder: Path, samples: list[SampleRequest], records: 
         notes.append("decode step taken from the probe's median TPOT: its fast end was ~0 (coalesced stream)")
     out: dict[str, Any] = {"hardware": asdict(hw), "calibrated": cal is not None, "notes": notes, "by_rate": []}
     for rate in cfg.request_rates:
-        traffic = planner.Traffic(prompt_tokens=[s.prompt_len for s in samples],
-                                  output_tokens=[s.output_len for s in samples], arrival_rate=rate)
-        sl = planner.Slo(ttft_ms=slo.get("ttft", 1e9), tpot_ms=slo.get("tpot", 1e9), percentile=cfg.slo_percentile)
-        plan = planner.plan(mshape, hw, traffic, sl, ratios=[(1, 1)])
+        traffic = cost.Traffic(prompt_tokens=[s.prompt_len for s in samples],
+                               output_tokens=[s.output_len for s in samples], arrival_rate=rate)
+        sl = cost.Slo(ttft_ms=slo.get("ttft", 1e9), tpot_ms=slo.get("tpot", 1e9), percentile=cfg.slo_percentile)
+        plan = cost.plan(mshape, hw, traffic, sl, ratios=[(1, 1)])
         row: dict[str, Any] = {"request_rate": rate, "recommended": plan.recommended, "reason": plan.reason,
                                "transfer_lower_bound_ms": plan.transfer_lower_bound_ms, "configs": {}}
         for c in plan.configs:

@@ -59,7 +59,7 @@ def plan(  # noqa: PLR0917 (a command: one parameter per option)
     from rich.console import Console
     from rich.table import Table
 
-    from baton.control import planner as pl
+    from baton.control import pd_cost_model as cost
     from baton.core.settings import load_settings
 
     settings = load_settings()
@@ -75,7 +75,7 @@ def plan(  # noqa: PLR0917 (a command: one parameter per option)
                 row = uow.models.by_name(model)
                 if row is None:
                     raise typer.BadParameter(f"no model named {model!r} in the catalogue", param_hint="--model")
-                shape = pl.ModelShape(row.num_layers, row.num_kv_heads, row.head_dim, row.dtype, row.params_b)
+                shape = cost.ModelShape(row.num_layers, row.num_kv_heads, row.head_dim, row.dtype, row.params_b)
                 if calibrate:
                     recs = uow.requests.scalars(
                         uow.requests.query(model=row.name, status=m.RequestStatus.COMPLETED).limit(5000))
@@ -86,25 +86,25 @@ def plan(  # noqa: PLR0917 (a command: one parameter per option)
             db.dispose()
     elif model_dir:
         s = _shape_from_dir(model_dir)
-        shape = pl.ModelShape(s["num_layers"], s["num_kv_heads"], s["head_dim"], s["dtype"], params_b)
+        shape = cost.ModelShape(s["num_layers"], s["num_kv_heads"], s["head_dim"], s["dtype"], params_b)
     elif layers and kv_heads and head_dim:
-        shape = pl.ModelShape(layers, kv_heads, head_dim, dtype, params_b)
+        shape = cost.ModelShape(layers, kv_heads, head_dim, dtype, params_b)
     else:
         raise typer.BadParameter("give --model, --model-dir, or --layers/--kv-heads/--head-dim")
 
-    hw = pl.Hardware(
+    hw = cost.Hardware(
         prefill_tokens_per_s=prefill_tps or c.prefill_tokens_per_s,
         decode_step_ms=decode_step_ms or c.decode_step_ms,
         decode_ms_per_seq=c.decode_ms_per_seq if decode_ms_per_seq is None else decode_ms_per_seq,
         memory_bytes=memory_gib * 2**30 if memory_gib else None,
         link_bandwidth_gbps=bandwidth or settings.telemetry.link_bandwidth_gbps,
     )
-    traffic = pl.Traffic.lognormal(prompt_mean=prompt_mean, output_mean=output_mean, cv=cv, arrival_rate=rate)
-    cal = pl.calibrate(records, hw) if records else None
+    traffic = cost.Traffic.lognormal(prompt_mean=prompt_mean, output_mean=output_mean, cv=cv, arrival_rate=rate)
+    cal = cost.calibrate(records, hw) if records else None
     if cal:
-        hw, traffic = cal.hardware, cal.traffic if rate is None else pl.Traffic(
+        hw, traffic = cal.hardware, cal.traffic if rate is None else cost.Traffic(
             cal.traffic.prompt_tokens, cal.traffic.output_tokens, rate)
-    result = pl.plan(shape, hw, traffic, pl.Slo(ttft_ms, tpot_ms, percentile))
+    result = cost.plan(shape, hw, traffic, cost.Slo(ttft_ms, tpot_ms, percentile))
 
     if as_json:
         typer.echo(json.dumps(result.as_dict(), default=str))
@@ -129,9 +129,9 @@ def plan(  # noqa: PLR0917 (a command: one parameter per option)
 
 
 def _write(out: Path, result: Any) -> None:
-    from baton.control import planner as pl
+    from baton.control import pd_cost_model as cost
 
     out.mkdir(parents=True, exist_ok=True)
     (out / "plan.json").write_text(json.dumps(result.as_dict(), indent=2, default=str))
-    (out / "plan.png").write_bytes(pl.render_plot(result, "png"))
-    (out / "plan.svg").write_bytes(pl.render_plot(result, "svg"))
+    (out / "plan.png").write_bytes(cost.render_plot(result, "png"))
+    (out / "plan.svg").write_bytes(cost.render_plot(result, "svg"))

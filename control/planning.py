@@ -1,7 +1,7 @@
 """Planning use case: should a model be disaggregated, and at which P:D ratio (see :mod:`baton.control.services`).
 
 :meth:`Planning.plan` reads the model's shape and, when asked, its measured request records, calibrates
-the cost model of :mod:`baton.control.planner` from them (or keeps the settings' figures, saying why),
+the cost model of :mod:`baton.control.pd_cost_model` from them (or keeps the settings' figures, saying why),
 and plans. When no configuration meets the SLO, the outcome has no recommendation: the closest
 configuration and what would meet the SLO instead.
 """
@@ -15,7 +15,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from baton.control import planner as pl
+from baton.control import pd_cost_model as cost
 from baton.core import errors
 from baton.core.db import Database
 from baton.core.settings import Settings
@@ -52,7 +52,7 @@ class PlanRequest(BaseModel):
 @dataclass(frozen=True)
 class PlanOutcome:
     model: str
-    result: Any  # baton.control.planner.Plan
+    result: Any  # baton.control.pd_cost_model.Plan
     calibration: dict[str, Any]
 
     def as_dict(self) -> dict[str, Any]:
@@ -96,37 +96,37 @@ class Planning:
         self.settings, self.db = settings, db
 
     def plan(self, model_id: uuid.UUID, req: PlanRequest) -> PlanOutcome:
-        ratios = [(p, d) for p, d in (req.ratios or pl.DEFAULT_RATIOS)]
+        ratios = [(p, d) for p, d in (req.ratios or cost.DEFAULT_RATIOS)]
         if any(p < 1 or d < 1 or p > 64 or d > 64 for p, d in ratios):
             raise errors.ValidationError("Each ratio is two integers from 1 to 64.", param="ratios")
         with self.db.system() as uow:
             row = uow.models.require(model_id)
             model_name = row.name
-            shape = pl.ModelShape(row.num_layers, row.num_kv_heads, row.head_dim, row.dtype, row.params_b)
+            shape = cost.ModelShape(row.num_layers, row.num_kv_heads, row.head_dim, row.dtype, row.params_b)
             records = uow.requests.timings(row.name, limit=CALIBRATION_RECORDS) if req.calibrate else []
         c = self.settings.control
-        base = pl.Hardware(
+        base = cost.Hardware(
             prefill_tokens_per_s=c.prefill_tokens_per_s, decode_step_ms=c.decode_step_ms,
             decode_ms_per_seq=c.decode_ms_per_seq, max_num_seqs=req.max_num_seqs,
             memory_bytes=req.memory_gib * 2**30 if req.memory_gib else None,
             link_bandwidth_gbps=req.link_bandwidth_gbps or self.settings.telemetry.link_bandwidth_gbps,
         )
-        cal = pl.calibrate(records, base) if records else None
+        cal = cost.calibrate(records, base) if records else None
         calibration = _calibration_report(req.calibrate, len(records), cal)
         hw = cal.hardware if cal else base
         overrides = {k: getattr(req, k) for k in ("prefill_tokens_per_s", "decode_step_ms", "decode_ms_per_seq")
                      if getattr(req, k) is not None}
         if overrides:
-            hw = pl.Hardware(**{**hw.__dict__, **overrides})
+            hw = cost.Hardware(**{**hw.__dict__, **overrides})
         if cal is not None and req.prompt_tokens_mean is None and req.output_tokens_mean is None:
-            traffic = cal.traffic if req.arrival_rate is None else pl.Traffic(
+            traffic = cal.traffic if req.arrival_rate is None else cost.Traffic(
                 cal.traffic.prompt_tokens, cal.traffic.output_tokens, req.arrival_rate)
         else:
-            traffic = pl.Traffic.lognormal(prompt_mean=req.prompt_tokens_mean or c.mean_prompt_tokens,
-                                           output_mean=req.output_tokens_mean or 128, cv=req.length_cv,
-                                           arrival_rate=req.arrival_rate)
+            traffic = cost.Traffic.lognormal(prompt_mean=req.prompt_tokens_mean or c.mean_prompt_tokens,
+                                             output_mean=req.output_tokens_mean or 128, cv=req.length_cv,
+                                             arrival_rate=req.arrival_rate)
         try:
-            result = pl.plan(shape, hw, traffic, pl.Slo(req.ttft_ms, req.tpot_ms, req.percentile), ratios=ratios)
+            result = cost.plan(shape, hw, traffic, cost.Slo(req.ttft_ms, req.tpot_ms, req.percentile), ratios=ratios)
         except (OverflowError, ZeroDivisionError) as exc:  # figures at the edge of what floats hold
             raise errors.ValidationError(
                 "The planner cannot model these inputs: a figure is too large or too small for the cost model "

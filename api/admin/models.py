@@ -9,7 +9,7 @@ from typing import Annotated, Literal
 import orjson
 from fastapi import APIRouter, Query, Request, Response, status
 
-from baton.control.planner import render_plot
+from baton.control.pd_cost_model import render_plot
 from baton.control.planning import PlanRequest
 from baton.control.usecase import Actor
 

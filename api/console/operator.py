@@ -38,7 +38,7 @@ from baton.api.admin.schemas import (
 from baton.api.console.auth import ConsoleUser
 from baton.api.console.routes import ConsoleRoute, Ctx, OperatorUser
 from baton.control.catalogue import DeploymentView
-from baton.control.planner import render_plot
+from baton.control.pd_cost_model import render_plot
 from baton.control.planning import PlanRequest
 from baton.control.policies import PolicyChanges
 from baton.control.records import RequestFilter, request_records

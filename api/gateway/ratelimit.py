@@ -27,7 +27,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from baton.api.gateway.scripts import lean_scripts
+from baton.api.gateway.redis_client import lean_scripts
 
 log = logging.getLogger(__name__)
 
@@ -262,7 +262,7 @@ def _headers(raw: Sequence[int]) -> dict[str, str]:
 
 class RateLimiter:
     """Admission and release against Redis. ``redis`` is a ``redis.asyncio.Redis``; the scripts run over
-    :mod:`baton.api.gateway.scripts`' lean connection to the same server when it can reproduce it.
+    :mod:`baton.api.gateway.redis_client`' lean connection to the same server when it can reproduce it.
 
     When Redis cannot be reached, ``fail_open`` decides: admit without limits (the default; serving
     goes on and a warning is logged at most every 10 s) or refuse with 503.

@@ -149,12 +149,13 @@ def test_an_unknown_dtype_is_never_guessed() -> None:
 
 
 def test_every_caller_gets_the_same_answer() -> None:
-    from baton.control import planner
+    from baton.control import pd_cost_model
     from baton.dataplane.tinymodel import DEFAULT_SHAPE
     from baton.dataplane.tracing import ModelShape
 
-    assert planner.kv_bytes(num_layers=32, num_kv_heads=8, head_dim=128, dtype="bfloat16", tokens=4096) == 512 * 2**20
-    assert planner.ModelShape(32, 8, 128, "half").kv_bytes_per_token == 131_072
+    n = pd_cost_model.kv_bytes(num_layers=32, num_kv_heads=8, head_dim=128, dtype="bfloat16", tokens=4096)
+    assert n == 512 * 2**20
+    assert pd_cost_model.ModelShape(32, 8, 128, "half").kv_bytes_per_token == 131_072
     assert ModelShape(32, 8, 128, 2, 16).bytes_per_token == 131_072
     assert DEFAULT_SHAPE.kv_bytes_per_token(4) == c.kv_bytes(num_layers=2, num_kv_heads=2, head_dim=32,
                                                              bytes_per_element=4)
@@ -269,7 +270,7 @@ def test_the_layout_check_sees_each_kind_of_copy(tmp_path: Path) -> None:
         'def fact_key(rid):\n    return f"baton:req:{rid}"\n'
         'def bw(env):\n    return env.get("BATON_TELEMETRY__LINK_BANDWIDTH_GBPS")\n')
     (tmp_path / "control").mkdir()
-    (tmp_path / "control" / "planner.py").write_text(
+    (tmp_path / "control" / "pd_cost_model.py").write_text(
         'DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}\n'
         'def kv(num_layers, num_kv_heads, head_dim, tokens):\n'
         '    return 2 * num_layers * num_kv_heads * head_dim * tokens * 2\n')
@@ -279,6 +280,6 @@ def test_the_layout_check_sees_each_kind_of_copy(tmp_path: Path) -> None:
     found = sorted((line.split(": ", 1)[0], line.split(": ", 1)[1].split(" ")[1]) for line in contract_copies(tmp_path))
     assert found == [
         ("bench/stack.py:1", "replica"), ("bench/stack.py:1", "replica"),  # a prefix, and a name of its own
-        ("control/planner.py:1", "dtype-size"), ("control/planner.py:3", "KV-size"),
+        ("control/pd_cost_model.py:1", "dtype-size"), ("control/pd_cost_model.py:3", "KV-size"),
         ("dataplane/facts.py:2", "replica"), ("dataplane/facts.py:4", "fact"), ("dataplane/facts.py:6", "replica"),
     ], found

@@ -199,7 +199,7 @@ def test_the_limiter_runs_its_scripts_over_the_lean_connection(run) -> None:  # 
 
 
 def test_a_script_redis_has_not_seen_is_sent_whole_once() -> None:
-    from baton.api.gateway.scripts import lean_scripts
+    from baton.api.gateway.redis_client import lean_scripts
 
     async def go() -> tuple[object, object]:
         client = aioredis.Redis.from_url("redis://127.0.0.1:6379/0")
@@ -219,7 +219,7 @@ def test_a_script_redis_has_not_seen_is_sent_whole_once() -> None:
 
 
 def test_a_lean_connection_to_a_dead_redis_fails_like_redis_py() -> None:
-    from baton.api.gateway.scripts import LeanScripts
+    from baton.api.gateway.redis_client import LeanScripts
 
     async def go() -> None:
         lean = LeanScripts(host="127.0.0.1", port=1, connect_timeout_s=0.2)

@@ -1,10 +1,10 @@
-"""The RESP2 replies the rate limiter's scripts return, parsed from bytes as they arrive."""
+"""The Redis client's RESP2 parser: the replies the rate limiter's scripts return, parsed from bytes as they arrive."""
 
 from __future__ import annotations
 
 import pytest
 
-from baton.api.gateway.scripts import RedisReplyError, _command, _Incomplete, _parse
+from baton.api.gateway.redis_client import RedisReplyError, _command, _Incomplete, _parse
 
 
 def test_replies_of_every_kind_are_parsed() -> None:

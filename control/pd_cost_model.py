@@ -1,4 +1,4 @@
-"""The P/D planner: the seed's cost model, answering "disaggregate this model, and at which ratio?".
+"""The P/D planner's cost model (pure functions): "disaggregate this model, and at which ratio?".
 
 Disaggregation pays off only when
 
@@ -25,6 +25,11 @@ meet both the TTFT and the TPOT SLO. The model, per configuration:
 Goodput of a configuration is the largest arrival rate per GPU at which the percentile TTFT and TPOT
 both meet the SLO (bisection). With an arrival rate, the planner also counts replicas needed (whole
 units of ``p + d``), which is where a small load makes P/D's minimum footprint expensive.
+
+:func:`calibrate` fits :class:`Hardware` and :class:`Traffic` to measured request records, and
+:func:`render_plot` draws a :class:`Plan`. Nothing here reads the database or the settings:
+:mod:`baton.control.planning` is the use case that does and serves plans to the admin API and the
+console; ``baton plan`` and the P/D bench call these functions directly.
 """
 
 from __future__ import annotations

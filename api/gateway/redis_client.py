@@ -1,4 +1,4 @@
-"""The rate limiter's Lua scripts on Redis over one pipelined connection, without redis-py's per-call work.
+"""A small asyncio Redis client (RESP2) that runs the rate limiter's Lua scripts on one pipelined connection.
 
 redis-py's asyncio client spends about 0.15-0.3 ms of CPU per command in Python (connection pool
 checkout and release, retry and timeout wrappers, event dispatch, observability hooks, the parser):
