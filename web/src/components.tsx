@@ -1,4 +1,15 @@
-import { useCallback, useEffect, useRef, useState, type ReactNode, type RefObject } from "react";
+import {
+  useCallback,
+  useEffect,
+  useRef,
+  useState,
+  type ButtonHTMLAttributes,
+  type InputHTMLAttributes,
+  type ReactNode,
+  type RefObject,
+  type SelectHTMLAttributes,
+  type TableHTMLAttributes,
+} from "react";
 import { ApiError, api, type Span } from "./api";
 
 // --- data loading -------------------------------------------------------------------------------
@@ -53,6 +64,8 @@ export function useAction(after: () => void) {
   return { error, busy, run, confirmed };
 }
 
+// --- tables and lists ---------------------------------------------------------------------------
+
 /** A table's header row: the column names, and a last column for row actions named for screen readers. */
 export function TableHead({ cols, actions }: { cols: string[]; actions?: string }) {
   return (
@@ -71,6 +84,157 @@ export function TableHead({ cols, actions }: { cols: string[]; actions?: string 
       </tr>
     </thead>
   );
+}
+
+type TableProps = { caption?: string; showCaption?: boolean; cols: string[]; actions?: string } & Omit<TableHTMLAttributes<HTMLTableElement>, "children">;
+
+/** A table (class "table") of ``children`` rows under a header row; its caption is for screen readers only unless ``showCaption``. */
+export function Table({ caption, showCaption, cols, actions, children, ...table }: TableProps & { children: ReactNode }) {
+  return (
+    <table className="table" {...table}>
+      {caption && <caption className={showCaption ? undefined : "sr-only"}>{caption}</caption>}
+      <TableHead cols={cols} actions={actions} />
+      <tbody>{children}</tbody>
+    </table>
+  );
+}
+
+/** A button that acts on one row: its word, then the row it acts on for screen readers ("Delete" "gold"). */
+export function RowButton({ label, target, ...button }: { label: ReactNode; target: ReactNode } & ButtonHTMLAttributes<HTMLButtonElement>) {
+  return (
+    <button type="button" {...button}>
+      {label} <span className="sr-only">{target}</span>
+    </button>
+  );
+}
+
+/** Newer/older pages of a list of ``count`` entries, ``limit`` a page. */
+export function Pager({ label, offset, limit, count, onChange }: { label: string; offset: number; limit: number; count: number; onChange: (offset: number) => void }) {
+  return (
+    <nav className="pager" aria-label={label}>
+      <button type="button" className="secondary" disabled={offset === 0} onClick={() => onChange(Math.max(0, offset - limit))}>
+        Newer
+      </button>
+      <span>
+        {offset + 1}–{Math.min(offset + limit, count)} of {count}
+      </span>
+      <button type="button" className="secondary" disabled={offset + limit >= count} onClick={() => onChange(offset + limit)}>
+        Older
+      </button>
+    </nav>
+  );
+}
+
+type LoadedProps<T> = {
+  q: { data: T | null; error: ApiError | null; loading: boolean };
+  what: string;
+  empty?: ReactNode;
+  isEmpty?: (data: T) => boolean;
+  showError?: boolean;
+};
+
+/** What ``useApi`` loads, in its states: the error, "Loading …" until the first answer, then ``empty`` where there
+ * is nothing (an empty list, or what ``isEmpty`` says) and ``children(data)`` where there is. Without ``empty``, an
+ * empty answer goes to ``children`` too; ``showError={false}`` where the page shows the error elsewhere. */
+export function Loaded<T>({ q, what, empty, isEmpty = (d) => Array.isArray(d) && d.length === 0, showError = true, children }: LoadedProps<T> & {
+  children: (data: T) => ReactNode;
+}) {
+  const none = q.data !== null && empty !== undefined && isEmpty(q.data);
+  return (
+    <>
+      {showError && <ErrorMessage error={q.error} />}
+      {q.loading && !q.data && <Loading what={what} />}
+      {none && <Empty>{empty}</Empty>}
+      {q.data !== null && !none && children(q.data)}
+    </>
+  );
+}
+
+/** A list that ``useApi`` loads, in its states (see ``Loaded``), as a table in a card: ``children`` makes a row of an entry. */
+export function LoadedTable<T>({ q, what, empty, showError, children, ...table }: LoadedProps<T[]> & TableProps & { children: (entry: T) => ReactNode }) {
+  return (
+    <Loaded q={q} what={what} empty={empty} showError={showError}>
+      {(list) => (
+        <div className="card">
+          <Table {...table}>{list.map((entry) => children(entry))}</Table>
+        </div>
+      )}
+    </Loaded>
+  );
+}
+
+// --- forms --------------------------------------------------------------------------------------
+
+type KeysOf<F, V> = { [K in keyof F]: F[K] extends V ? K : never }[keyof F];
+
+/** A form's fields in one state, and the props that bind one field to its control (``value``/``checked`` and ``onChange``). */
+export function useForm<F extends object>(initial: F) {
+  const [form, setForm] = useState(initial);
+  const set = (k: keyof F, v: unknown) => setForm((f) => ({ ...f, [k]: v }));
+  return {
+    form,
+    setForm,
+    /** a text box, select or text area whose field is a string */
+    text: (k: KeysOf<F, string>) => ({ value: form[k] as string, onChange: (e: { target: { value: string } }) => set(k, e.target.value) }),
+    /** a number box whose field is a number */
+    num: (k: KeysOf<F, number>) => ({ value: form[k] as number, onChange: (e: { target: { value: string } }) => set(k, Number(e.target.value)) }),
+    /** a check box */
+    check: (k: KeysOf<F, boolean>) => ({ checked: form[k] as boolean, onChange: (e: { target: { checked: boolean } }) => set(k, e.target.checked) }),
+  };
+}
+
+/** A control under its label, in a div of their own (a cell of a form's grid or row) unless ``bare``. */
+export function Field({ id, label, bare, children }: { id: string; label: ReactNode; bare?: boolean; children: ReactNode }) {
+  const both = (
+    <>
+      <label htmlFor={id}>{label}</label>
+      {children}
+    </>
+  );
+  return bare ? both : <div>{both}</div>;
+}
+
+type Labelled = { id: string; label: ReactNode; bare?: boolean };
+
+export function InputField({ id, label, bare, ...input }: Labelled & InputHTMLAttributes<HTMLInputElement>) {
+  return (
+    <Field id={id} label={label} bare={bare}>
+      <input id={id} {...input} />
+    </Field>
+  );
+}
+
+/** One option of a select: a record's id and name, or a value and its words. */
+export interface Choice {
+  id: string;
+  name: string;
+}
+
+/** A select of ``options``, after a first option of value "" that says ``placeholder`` where there is one. */
+export function SelectField({ id, label, bare, options, placeholder, ...select }: Labelled & {
+  options?: readonly Choice[] | null; placeholder?: string;
+} & SelectHTMLAttributes<HTMLSelectElement>) {
+  return (
+    <Field id={id} label={label} bare={bare}>
+      <select id={id} {...select}>
+        {placeholder !== undefined && <option value="">{placeholder}</option>}
+        {options?.map((o) => (
+          <option key={o.id} value={o.id}>
+            {o.name}
+          </option>
+        ))}
+      </select>
+    </Field>
+  );
+}
+
+/** A choice among ``options`` that falls on the first once they have loaded (until one is made). */
+export function useFirstChoice(options: readonly Choice[] | null | undefined) {
+  const [id, setId] = useState("");
+  useEffect(() => {
+    if (!id && options?.length) setId(options[0].id);
+  }, [options, id]);
+  return [id, setId] as const;
 }
 
 // --- page frame ---------------------------------------------------------------------------------

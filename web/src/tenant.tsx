@@ -19,10 +19,13 @@ import {
   BarChart,
   Empty,
   ErrorMessage,
+  Loaded,
   Loading,
   Page,
+  Pager,
   SecretOnce,
   Stat,
+  Table,
   TableHead,
   Waterfall,
   fmtBytes,
@@ -612,16 +615,11 @@ export function Requests() {
   const reqs = useApi<{ data: RequestRow[]; count: number }>(`/tenant/requests?limit=${limit}&offset=${offset}`, [offset], 10000);
   return (
     <Page title="Requests" intro="Recent requests with their timings. Open one to see its trace waterfall.">
-      <ErrorMessage error={reqs.error} />
-      {reqs.loading && !reqs.data && <Loading what="requests" />}
-      {reqs.data && reqs.data.count === 0 && <Empty>No requests yet.</Empty>}
-      {reqs.data && reqs.data.count > 0 && (
-        <div className="card">
-          <table className="table">
-            <caption className="sr-only">Recent requests</caption>
-            <TableHead cols={["Started", "Model", "Status", "Queued", "Tokens in / out", "TTFT", "TPOT", "Total", "Recovery"]} />
-            <tbody>
-              {reqs.data.data.map((r) => (
+      <Loaded q={reqs} what="requests" empty="No requests yet." isEmpty={(d) => d.count === 0}>
+        {(page) => (
+          <div className="card">
+            <Table caption="Recent requests" cols={["Started", "Model", "Status", "Queued", "Tokens in / out", "TTFT", "TPOT", "Total", "Recovery"]}>
+              {page.data.map((r) => (
                 <tr key={r.id}>
                   <th scope="row">
                     <Link to={`/requests/${r.id}`} aria-label={`Request ${r.id.slice(0, 8)} at ${fmtTime(r.started_at)}`}>
@@ -645,21 +643,11 @@ export function Requests() {
                   <td>{r.recovery_steps ? <Badge tone="warn">{r.recovery_steps} steps</Badge> : "–"}</td>
                 </tr>
               ))}
-            </tbody>
-          </table>
-          <nav className="pager" aria-label="Pages of requests">
-            <button type="button" className="secondary" disabled={offset === 0} onClick={() => setOffset(Math.max(0, offset - limit))}>
-              Newer
-            </button>
-            <span>
-              {offset + 1}–{Math.min(offset + limit, reqs.data.count)} of {reqs.data.count}
-            </span>
-            <button type="button" className="secondary" disabled={offset + limit >= reqs.data.count} onClick={() => setOffset(offset + limit)}>
-              Older
-            </button>
-          </nav>
-        </div>
-      )}
+            </Table>
+            <Pager label="Pages of requests" offset={offset} limit={limit} count={page.count} onChange={setOffset} />
+          </div>
+        )}
+      </Loaded>
     </Page>
   );
 }
