@@ -91,7 +91,7 @@ def stable_ids(tok: TextTokenizer) -> list[int]:
     return clean or [i for i in range(tok.vocab_size) if i not in specials]
 
 
-def _exact_prompt(tok: TextTokenizer, rng: random.Random, length: int, *,
+def exact_prompt(tok: TextTokenizer, rng: random.Random, length: int, *,
                   allowed: list[int] | None = None) -> tuple[str, int]:
     """Random text that encodes to exactly ``length`` tokens (or as close as a few repairs get)."""
     allowed = allowed or stable_ids(tok)
@@ -118,7 +118,7 @@ def random_dataset(n: int, input_len: int, output_len: int, *, seed: int = 0,
     allowed = stable_ids(tokenizer) if tokenizer else None
     for _ in range(n):
         if tokenizer is not None:
-            text, plen = _exact_prompt(tokenizer, rng, input_len, allowed=allowed)
+            text, plen = exact_prompt(tokenizer, rng, input_len, allowed=allowed)
         else:
             text, plen = _word_prompt(rng, input_len), input_len
         out.append(SampleRequest(text, plen, output_len))
@@ -132,14 +132,14 @@ def prefix_dataset(n: int, prefix_len: int, suffix_len: int, output_len: int, *,
     rng = random.Random(seed)
     if tokenizer is not None:
         allowed = stable_ids(tokenizer)
-        prefixes = [_exact_prompt(tokenizer, rng, prefix_len, allowed=allowed)[0] for _ in range(num_prefixes)]
+        prefixes = [exact_prompt(tokenizer, rng, prefix_len, allowed=allowed)[0] for _ in range(num_prefixes)]
     else:
         prefixes = [_word_prompt(rng, prefix_len) for _ in range(num_prefixes)]
     out: list[SampleRequest] = []
     for i in range(n):
         prefix = prefixes[i % num_prefixes]
         if tokenizer is not None:
-            suffix, _ = _exact_prompt(tokenizer, rng, suffix_len, allowed=allowed)
+            suffix, _ = exact_prompt(tokenizer, rng, suffix_len, allowed=allowed)
             text = prefix + suffix
             plen = len(tokenizer.encode(text))
         else:

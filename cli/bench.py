@@ -425,7 +425,8 @@ def recovery(  # noqa: PLR0917 - typer options
         "--topology", help="1p1d (the default deployment: one prefill, one decode replica) and/or 1p2d "
         "(two decode replicas). Repeat for several; default both.")] = None,
     arm: Annotated[list[str] | None, typer.Option(
-        "--arm", help="tier (LMCache Redis tier as deployed) and/or no_tier (flushed at the kill).")] = None,
+        "--arm", help="tier (LMCache Redis tier as deployed), no_tier (flushed at the kill), chat (the tier as "
+        "deployed, on /v1/chat/completions). Repeat for several; default all three.")] = None,
     prompt_len: Annotated[int, typer.Option("--prompt-len", help="Prompt tokens (256-token tier chunks).")] = 1024,
     max_tokens: Annotated[int, typer.Option("--max-tokens")] = 1000,
     kill_after: Annotated[int, typer.Option("--kill-after", help="Tokens at the client before the kill.")] = 40,
@@ -435,14 +436,15 @@ def recovery(  # noqa: PLR0917 - typer options
     out: OutOpt = None,
 ) -> None:
     """Decode-failure recovery on the real stack (Ray head, P/D deployment, `baton gateway run`): SIGKILL the
-    decode replica serving a stream, time from the kill to the stream's next token at the client, next to a
-    fresh request's TTFT, with and without an LMCache tier hit, in each topology."""
+    decode replica serving a stream; time the largest gap between two tokens at the client around the kill,
+    and the first request once the replica is replaced, each next to a fresh request's TTFT, with and without
+    an LMCache tier hit, on completions and chat, in each topology."""
     from baton.bench import report
-    from baton.bench.recovery import TOPOLOGIES, RecoveryConfig, run_recovery
+    from baton.bench.recovery import ARMS, TOPOLOGIES, RecoveryConfig, run_recovery
 
     topologies = tuple(topology or TOPOLOGIES)
-    arms = tuple(arm or ("tier", "no_tier"))
-    bad = [t for t in topologies if t not in TOPOLOGIES] + [a for a in arms if a not in ("tier", "no_tier")]
+    arms = tuple(arm or ARMS)
+    bad = [t for t in topologies if t not in TOPOLOGIES] + [a for a in arms if a not in ARMS]
     if bad:
         raise typer.BadParameter(f"unknown topology or arm: {', '.join(bad)}")
     cfg = RecoveryConfig(topologies=topologies, arms=arms, prompt_len=prompt_len, max_tokens=max_tokens,
@@ -452,10 +454,12 @@ def recovery(  # noqa: PLR0917 - typer options
     path = report.write_json(_out_path(out, "recovery"), result)
     for topo, arms_ in result["summary"].items():
         for name, r in arms_.items():
-            typer.echo(f"{topo} {name}: kill -> next token {_fmt(r['recovery_ms_median'], 1)} ms (median), fresh "
+            typer.echo(f"{topo} {name}: largest client gap {_fmt(r['client_gap_ms_median'], 1)} ms (median), fresh "
                        f"TTFT {_fmt(r['fresh_ttft_ms_median'], 1)} ms, ratio {_fmt(r['ratio_median'], 2)} (max "
-                       f"{_fmt(r['ratio_max'], 2)}, target <= {r['target_ratio']:g}), rungs {r['rungs']}, completed "
-                       f"{r['all_completed']}, text = undisturbed {r['all_equal_undisturbed']}")
+                       f"{_fmt(r['ratio_max'], 2)}, target <= {r['target_ratio']:g}); first request after the "
+                       f"replacement {_fmt(r['after_replacement_ratio_median'], 2)}x a fresh TTFT (target <= "
+                       f"{r['after_replacement_target']:g}); rungs {r['rungs']}, completed {r['all_completed']}, "
+                       f"text = undisturbed {r['all_equal_undisturbed']}")
     typer.echo(f"results: {path}")
 
 

@@ -12,8 +12,13 @@ as the request's `handoff` fact (`baton.core.contracts.HandoffFact`).
 
 from __future__ import annotations
 
+import asyncio
 import collections
 import contextlib
+import logging
+import random
+import time
+import uuid
 from collections.abc import AsyncGenerator
 from typing import Any
 
@@ -24,6 +29,13 @@ from baton.dataplane import tracing as dp_tracing
 from baton.dataplane.facts import spawn_fact
 
 MAX_RECORDED_HANDOFFS = 1024
+#: The longest a new decode replica spends warming up before it takes traffic (it takes traffic anyway after).
+WARMUP_TIMEOUT_S = 60.0
+#: Request ids of warm-up requests start with this (they never reach the gateway or the request records).
+WARMUP_PREFIX = "baton-warmup-"
+WARMUP_WORDS = ("the", "a", "river", "stone", "light", "over", "under", "quiet", "city", "winter", "green", "runs")
+
+logger = logging.getLogger(__name__)
 
 
 class _RecordingBackend:
@@ -101,6 +113,52 @@ class BatonPDDecodeServer(PDDecodeServer):
             prefill_server = serve.get_deployment_handle(prefill_deployment, prefill_app, _check_exists=False)
         await super().__init__(llm_config, prefill_server=prefill_server, **kwargs)
 
+
+    async def _maybe_prewarm(self) -> None:
+        """Called by Ray's ``PDDecodeServer.__init__`` once the engine is up, before Serve sends this replica
+        any traffic: a small completion and a small chat over the whole P/D path, as a client's would go
+        (the prefill deployment's handle learns its replicas, the prefill engine's KV reaches this engine
+        over NIXL, so the connectors' handshake is done; the chat template is loaded), so the first request
+        after a replacement does not pay for it.
+
+        Ray's own pre-warm (``experimental_configs._prewarm_prefill_decode``) broadcasts a one-token prompt
+        to every prefill replica and fails the replica when the prefill pool is away for five minutes;
+        this one goes through the recovery ladder instead (no prefill replica: prefilled here, nothing
+        lost), with a new prompt of two whole KV blocks (a partial block is not pulled, so it would not
+        meet the peer), and a failure or :data:`WARMUP_TIMEOUT_S` costs only the warm-up."""
+        from ray.llm._internal.serve.core.configs.openai_api_models import ChatCompletionRequest, CompletionRequest
+
+        # prompts no tier holds (a cached one would be loaded from LMCache, and NIXL never meet its peer)
+        rng, n = random.Random(), 2 * self._baton_block_size() + 8
+        model = self._llm_config.model_id
+        requests = [
+            CompletionRequest(model=model, prompt=[rng.randrange(100, 1000) for _ in range(n)], max_tokens=1,
+                              temperature=0.0, stream=False, request_id=f"{WARMUP_PREFIX}{uuid.uuid4().hex}"),
+            # the chat path's own first-time work (the chat template, its renderer)
+            ChatCompletionRequest(model=model, messages=[{"role": "user", "content": " ".join(
+                rng.choice(WARMUP_WORDS) for _ in range(n))}], max_tokens=1, temperature=0.0, stream=False,
+                request_id=f"{WARMUP_PREFIX}{uuid.uuid4().hex}"),
+        ]
+        t0 = time.perf_counter()
+        try:
+            async with asyncio.timeout(WARMUP_TIMEOUT_S):  # not wait_for: it can lose a cancellation (3.11)
+                for request in requests:
+                    async with contextlib.aclosing(self._orchestrate(request, None)) as chunks:
+                        async for _ in chunks:
+                            pass
+        except Exception as exc:
+            logger.warning("baton: the decode replica's warm-up failed after %.0f ms (%s); it takes traffic "
+                           "anyway", (time.perf_counter() - t0) * 1000, type(exc).__name__)
+            return
+        logger.info("baton: the decode replica warmed up over the P/D path in %.0f ms",
+                    (time.perf_counter() - t0) * 1000)
+
+    def _baton_block_size(self) -> int:
+        cfg: Any = self._llm_config
+        kwargs = cfg.engine_kwargs or {}
+        gpu = any(b.get("GPU") for b in ((cfg.placement_group_config or {}).get("bundles") or []))
+        # vLLM's default KV block: 128 tokens on the CPU backend, 16 on GPUs.
+        return int(kwargs.get("block_size") or (16 if gpu else 128))
 
     def _get_connector_backend(self) -> Any:
         cached = getattr(self, "_baton_backend", None)
@@ -183,12 +241,9 @@ class BatonPDDecodeServer(PDDecodeServer):
     def _baton_shape(self) -> dp_tracing.ModelShape | None:
         if not hasattr(self, "_baton_shape_cache"):
             cfg: Any = self._llm_config
-            kwargs = cfg.engine_kwargs or {}
-            gpu = any(b.get("GPU") for b in ((cfg.placement_group_config or {}).get("bundles") or []))
-            # vLLM's default KV block: 128 tokens on the CPU backend, 16 on GPUs.
-            block = int(kwargs.get("block_size") or (16 if gpu else 128))
             self._baton_shape_cache = dp_tracing.model_shape(
-                str(cfg.model_loading_config.model_source), dtype=kwargs.get("dtype"), block_size=block)
+                str(cfg.model_loading_config.model_source), dtype=(cfg.engine_kwargs or {}).get("dtype"),
+                block_size=self._baton_block_size())
         return self._baton_shape_cache
 
     def _baton_replica(self) -> str:

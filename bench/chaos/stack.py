@@ -68,6 +68,8 @@ class Endpoint:
     db: Any = None
     """A ``baton.core.db.Database`` for the Postgres checks (None: skipped)."""
     pools: dict[str, int] = field(default_factory=dict)
+    model_dir: Path | None = None
+    """The deployed model's folder (its tokenizer makes text prompts of an exact length)."""
     metrics_url: str | None = None
     """Ray's metrics agent (``http://host:port/metrics``): the engines' gauges that show which replica is
     serving a request (None: found from the dashboard's node table)."""
@@ -317,7 +319,7 @@ class ChaosStack:
         return Endpoint(gateway_url=gateway, api_key=secret, model=self.cfg.model_name, app=self.cfg.app,
                         dashboard_url=dashboard, tenant_id=tenant_id, redis_tier=self.tier, db=self.db,
                         pools={"prefill": self.cfg.prefill, "decode": self.cfg.decode},
-                        metrics_url=self.head.metrics_url)
+                        metrics_url=self.head.metrics_url, model_dir=model_dir)
 
     def close(self) -> None:
         if self.gateway is not None:
