@@ -22,7 +22,7 @@ from baton.api.gateway.principals import (
 from baton.api.gateway.proxy import new_client
 from baton.api.gateway.ratelimit import RateLimiter
 from baton.api.gateway.responses import ResponseStore
-from baton.api.gateway.resume import ResumePolicy
+from baton.api.gateway.resume import ResumePolicy, TokenStall
 from baton.api.gateway.routing import ChainRouter, DeploymentRouter, Router, StaticRouter
 from baton.api.gateway.service import Gateway
 from baton.api.gateway.upstream import UpstreamClient
@@ -78,7 +78,8 @@ def build_gateway(
         resume=ResumePolicy(attempts=g.resume_attempts, budget_s=g.resume_budget_s, backoff_s=g.resume_backoff_s)
         if g.resume else None,
         stream_stall_s=g.stream_stall_s,
-        token_stall_s=g.token_stall_s,
+        token_stall=TokenStall(ceiling_s=g.token_stall_s, floor_s=min(g.token_stall_floor_s, g.token_stall_s),
+                               multiple=g.token_stall_multiple),
         tracing=tracing,
         metrics=metrics,
         responses=ResponseStore(db, retention_days=g.responses_retention_days),

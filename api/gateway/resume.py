@@ -15,8 +15,8 @@ the original prompt and each completion token once.
 Attempts are bounded by :class:`ResumePolicy` (count, and time per recovery: each break gets
 ``budget_s`` from the moment it is seen; exponential backoff while Ray routes around or replaces a dead
 replica). An upstream that goes silent (no answer for the gateway's ``stream_stall_s``, or, once tokens
-flow, no chunk for ``token_stall_s``: a stalled replica) counts as broken too: its read timeout ends the
-attempt. Where the ladder runs out the client gets an
+flow, a silence long for the stream's own pace: :class:`TokenStall`, a stalled replica) counts as broken
+too: its read timeout ends the attempt. Where the ladder runs out the client gets an
 SSE ``error`` event and the request record keeps the steps taken (``Outcome.recovery_steps``) and why
 it failed.
 
@@ -56,6 +56,27 @@ CARRIED = ("temperature", "top_p", "top_k", "min_p", "seed", "stop", "stop_token
            "frequency_penalty", "repetition_penalty", "length_penalty", "logit_bias", "ignore_eos",
            "include_stop_str_in_output", "skip_special_tokens", "spaces_between_special_tokens", "bad_words",
            "allowed_token_ids", "user", "cache_salt", "kv_transfer_params", "priority", "vllm_xargs")
+
+@dataclass(frozen=True, slots=True)
+class TokenStall:
+    """When a running stream's silence means its replica stalled: a watchdog relative to the stream's own
+    pace. After ``min_gaps`` gaps between tokens, a silence longer than ``multiple`` times the longest gap
+    the stream has had so far breaks it (resumed like any break), within ``[floor_s, ceiling_s]``; before
+    that, ``ceiling_s``. The floor keeps a step that is slow for a reason (a long prefill chunk joining the
+    batch on an aggregated engine, hundreds of milliseconds on a CPU host) from breaking streams that
+    have only met fast steps: a false break is never wrong (the continuation is exact) but costs a
+    re-prefill, which on a loaded engine makes the next steps slower still."""
+
+    ceiling_s: float = 10.0
+    floor_s: float = 1.0
+    multiple: float = 4.0
+    min_gaps: int = 8
+
+    def timeout(self, longest_gap_s: float, gaps: int) -> float:
+        if gaps < self.min_gaps:
+            return self.ceiling_s
+        return min(max(self.multiple * longest_gap_s, self.floor_s), self.ceiling_s)
+
 
 class StreamBrokenError(errors.UpstreamError):
     code = "upstream_stream_broken"
@@ -387,9 +408,12 @@ class ResumingRelay(SSERelay):
 
     def __init__(self, response: UpstreamResponse, outcome: Outcome, *, strip_usage: bool,
                  headers: list[tuple[bytes, bytes]], done: Callable[[Outcome], None], attempts: Attempts,
-                 payload: dict[str, Any], client_ids: bool, token_stall_s: float | None = None) -> None:
+                 payload: dict[str, Any], client_ids: bool, stall: TokenStall | None = None) -> None:
         super().__init__(response, outcome, strip_usage=strip_usage, headers=headers, done=done)
-        self._token_stall_s = token_stall_s
+        self._stall = stall
+        #: the longest gap between two tokens of this stream so far (a resume's gap not counted), and how many
+        self._longest_gap = 0.0
+        self._n_gaps = 0
         self._attempts = attempts
         self._endpoint = attempts.endpoint
         self._payload = payload
@@ -473,7 +497,7 @@ class ResumingRelay(SSERelay):
     async def _pump(self, response: UpstreamResponse, send: Send, st: _Stream) -> str | None:
         """Relays one upstream stream; returns None when it completed, else why it broke."""
         pending = b""
-        tightened = False
+        read_timeout: float | None = None
         try:
             async for received in response.aiter_raw():
                 now = time.perf_counter()
@@ -494,11 +518,13 @@ class ResumingRelay(SSERelay):
                     if failure is not None:
                         break
                 if out:
-                    if self._token_stall_s is not None and not tightened:
-                        # The stream runs: a stalled replica is noticed after a token gap, not the wait for
-                        # a first answer.
-                        response.set_read_timeout(self._token_stall_s)
-                        tightened = True
+                    if self._stall is not None:
+                        # The stream runs: a stalled replica is noticed after a token gap relative to the
+                        # stream's own pace, not the wait for a first answer.
+                        timeout = self._stall.timeout(self._longest_gap, self._n_gaps)
+                        if timeout != read_timeout:
+                            response.set_read_timeout(timeout)
+                            read_timeout = timeout
                     st.started = True
                     await send({"type": "http.response.body", "body": b"".join(out), "more_body": True})
                 if failure is not None:
@@ -645,7 +671,11 @@ class ResumingRelay(SSERelay):
         if outcome.first_token is None:
             outcome.first_token = now
         else:
-            outcome.gaps.append(now - self._last_pc)
+            gap = now - self._last_pc
+            outcome.gaps.append(gap)
+            if self._gap_from is None:  # a resume's gap is the fault's, not the stream's pace
+                self._n_gaps += 1
+                self._longest_gap = max(self._longest_gap, gap)
         if self._gap_from is not None:
             index, since = self._gap_from
             outcome.client_gap(index, now - since)

@@ -44,7 +44,15 @@ from baton.api.gateway.ratelimit import (
     retry_after_header,
 )
 from baton.api.gateway.responses import ResponseStore
-from baton.api.gateway.resume import Attempts, FailoverOpener, PoolHealth, ResumePolicy, ResumingRelay, resumable
+from baton.api.gateway.resume import (
+    Attempts,
+    FailoverOpener,
+    PoolHealth,
+    ResumePolicy,
+    ResumingRelay,
+    TokenStall,
+    resumable,
+)
 from baton.api.gateway.routing import Router, Upstream
 from baton.api.gateway.schemas import MAX_N, SERVER_FIELDS
 from baton.api.gateway.tokens import (
@@ -184,7 +192,7 @@ class Gateway:
         max_embedding_input_tokens: int = 300_000,
         resume: ResumePolicy | None = None,
         stream_stall_s: float | None = None,
-        token_stall_s: float | None = None,
+        token_stall: TokenStall | None = None,
         tracing: t.Tracing | None = None,
         metrics: GatewayMetrics | None = None,
         responses: ResponseStore | None = None,
@@ -214,8 +222,8 @@ class Gateway:
         #: Read timeout of streaming upstream calls (the wait for the answer and between chunks); None: the
         #: client's own. A stalled replica then ends the attempt instead of holding the request.
         self.stream_stall_s = stream_stall_s
-        #: ... and once a resumable stream's tokens flow, the longest gap between its chunks.
-        self.token_stall_s = token_stall_s
+        #: ... and once a resumable stream's tokens flow, the watchdog on the gaps between its chunks.
+        self.token_stall = token_stall
 
     async def start(self) -> None:
         await self.meter.start()
@@ -383,7 +391,7 @@ class Gateway:
         if admitted.can_resume and self.resume is not None:
             return ResumingRelay(response, outcome, strip_usage=not admitted.client_usage,
                                  headers=sse_headers(headers), done=done, attempts=attempts, payload=call.payload,
-                                 client_ids=admitted.client_ids, token_stall_s=self.token_stall_s)
+                                 client_ids=admitted.client_ids, stall=self.token_stall)
         return SSERelay(response, outcome, strip_usage=not admitted.client_usage, headers=sse_headers(headers),
                         done=done)
 

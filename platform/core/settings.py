@@ -98,7 +98,18 @@ class GatewaySettings(BaseModel):
     )
     token_stall_s: float = Field(
         10.0, gt=0, description="Once a stream has sent its first token, a silence this long between chunks "
-        "breaks it (a stalled replica: resumed with resume on). Longer than the longest engine step under load."
+        "always breaks it (a stalled replica: resumed with resume on). Longer than the longest engine step under "
+        "load. After its first few gaps a stream is held to a shorter silence, relative to its own pace "
+        "(token_stall_multiple, token_stall_floor_s)."
+    )
+    token_stall_multiple: float = Field(
+        4.0, gt=1, description="Once a stream has had 8 gaps between tokens, a silence this many times its longest "
+        "gap so far breaks it (within token_stall_floor_s and token_stall_s)."
+    )
+    token_stall_floor_s: float = Field(
+        1.0, gt=0, description="The shortest silence that breaks a running stream however fast its tokens came: "
+        "above the slowest step an engine takes for a reason (a long prefill chunk joining its batch). A false "
+        "break is resumed exactly but costs a re-prefill."
     )
     keep_alive_s: float = Field(
         75.0, gt=0, description="How long an idle client connection is kept open. Longer than clients' own idle "

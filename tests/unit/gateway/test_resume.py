@@ -33,6 +33,7 @@ from baton.api.gateway.resume import (
     PoolHealth,
     ResumePolicy,
     ResumingRelay,
+    TokenStall,
     _Stream,
     continuation_body,
     resumable,
@@ -194,7 +195,7 @@ POLICY = ResumePolicy(attempts=4, budget_s=10, backoff_s=0.01)
 async def _relay(base: str, endpoint: str, payload: dict[str, Any], *, policy: ResumePolicy = POLICY,
                  client_usage: bool = True, client_ids: bool = False, read_timeout: float = 10,
                  fallback: str | None = None, health: PoolHealth | None = None,
-                 token_stall_s: float | None = None,
+                 stall: TokenStall | None = None,
                  sends: list[bytes] | None = None) -> tuple[list[dict[str, Any]], bytes, Outcome]:
     """One streamed request through the gateway's own parts: its upstream client, the first call with its
     retries (:class:`Attempts`) and the relay."""
@@ -214,7 +215,7 @@ async def _relay(base: str, endpoint: str, payload: dict[str, Any], *, policy: R
         assert first is not None and first.status_code == 200
         done: list[Outcome] = []
         relay = ResumingRelay(first, outcome, strip_usage=not client_usage, headers=[], done=done.append,
-                              attempts=attempts, payload=payload, client_ids=client_ids, token_stall_s=token_stall_s)
+                              attempts=attempts, payload=payload, client_ids=client_ids, stall=stall)
         sent: list[dict[str, Any]] = []
 
         async def receive() -> dict[str, Any]:
@@ -388,14 +389,48 @@ def test_a_stream_that_stalls_mid_way_resumes_on_a_new_call(upstream: str, after
 
 
 def test_once_tokens_flow_a_short_gap_breaks_a_stalled_stream(upstream: str) -> None:
-    """A replica that stops mid-stream (SIGSTOP) is noticed after ``token_stall_s``, not after the long wait
+    """A replica that stops mid-stream (SIGSTOP) is noticed after the stall ceiling, not after the long wait
     allowed for a first answer; the stream resumes with the exact tokens."""
     SCRIPT.append(("stall", 4))
     events, _, o = asyncio.run(_relay(upstream, "completions", COMPLETION, read_timeout=30.0,
-                                      token_stall_s=0.5))
+                                      stall=TokenStall(ceiling_s=0.5)))
     assert _tokens(events, chat=False) == generate(tokenize("once upon"), 10)
     assert [s["step"] for s in o.recovery_steps] == ["decode_resume"]
     assert "ReadTimeout" in o.recovery_steps[0]["detail"] and "after 4 tokens" in o.recovery_steps[0]["detail"]
+
+
+def test_a_stall_is_judged_against_the_streams_own_pace(upstream: str) -> None:
+    """After its first gaps, a stream is held to a silence of a few times its own longest gap: a replica
+    that stops after 12 tokens coming every 10 ms is noticed well before the ceiling (here 30 s, longer
+    than the stall itself: without the relative watchdog the stream would wait the stall out and finish
+    with no recovery step)."""
+    PACE_S[0] = 0.01
+    SCRIPT.append(("stall", 12))
+    payload = {**COMPLETION, "max_tokens": 20}
+    events, _, o = asyncio.run(_relay(upstream, "completions", payload, read_timeout=30.0,
+                                      stall=TokenStall(ceiling_s=30.0, floor_s=0.2, multiple=4.0)))
+    assert _tokens(events, chat=False) == generate(tokenize("once upon"), 20)
+    assert [s["step"] for s in o.recovery_steps] == ["decode_resume"]
+    assert "ReadTimeout" in o.recovery_steps[0]["detail"]
+
+
+def test_a_steady_stream_is_not_broken_by_the_relative_watchdog(upstream: str) -> None:
+    PACE_S[0] = 0.02
+    payload = {**COMPLETION, "max_tokens": 30}
+    events, _, o = asyncio.run(_relay(upstream, "completions", payload,
+                                      stall=TokenStall(ceiling_s=30.0, floor_s=0.5, multiple=4.0)))
+    assert _tokens(events, chat=False) == generate(tokenize("once upon"), 30)
+    assert o.recovery_steps == [] and len(BODIES) == 1
+
+
+@pytest.mark.parametrize(("longest", "gaps", "expected"), [
+    (0.01, 3, 10.0),   # too few gaps to judge the pace: the ceiling
+    (0.01, 8, 1.0),    # fast tokens: the floor
+    (0.5, 8, 2.0),     # the multiple of the longest gap
+    (5.0, 20, 10.0),   # never past the ceiling
+])
+def test_the_stall_timeout_follows_the_streams_longest_gap(longest: float, gaps: int, expected: float) -> None:
+    assert TokenStall(ceiling_s=10.0, floor_s=1.0, multiple=4.0).timeout(longest, gaps) == pytest.approx(expected)
 
 
 def test_when_the_budget_runs_out_the_stream_ends_with_an_error_event(upstream: str) -> None:
