@@ -28,6 +28,7 @@ from starlette.types import Receive, Scope, Send
 from baton.api.errors import openai_error_body
 from baton.api.gateway.engine_text import client_text
 from baton.api.gateway.metering import Outcome
+from baton.api.gateway.sse import SSEFrames
 from baton.api.gateway.upstream import UpstreamClient, UpstreamResponse
 from baton.core import errors
 from baton.core import models as m
@@ -247,19 +248,15 @@ class SSERelay(Response):
     async def _relay(self, send: Send) -> None:
         outcome = self._outcome
         strip = self._strip
-        pending = b""
+        frames = SSEFrames()
         saw_done = False
         last = outcome.start_pc
         try:
             async for received in self._response.aiter_raw():
                 now = time.perf_counter()
-                chunk = pending + received if pending else received
-                end = chunk.rfind(b"\n\n")
-                if end < 0:
-                    pending = chunk
+                out = frames.feed(received)
+                if not out:
                     continue
-                end += 2
-                out, pending = (chunk, b"") if end == len(chunk) else (chunk[:end], chunk[end:])
                 n = _count_tokens(out)
                 if n:
                     if outcome.first_token is None:
@@ -280,7 +277,7 @@ class SSERelay(Response):
         except httpx.HTTPError as exc:
             await self._fail(send, transport_error(exc))
             return
-        if pending:
+        if pending := frames.pending:
             if _DONE in pending:
                 saw_done = True
             await send({"type": "http.response.body", "body": pending, "more_body": True})

@@ -34,6 +34,7 @@ from pydantic import BaseModel, ConfigDict, Field, StrictBool
 from starlette.responses import Response
 from starlette.types import Message, Receive, Scope, Send
 
+from baton.api.gateway.sse import SSEFrames, events
 from baton.api.gateway.tokens import InvalidTextError, surrogate_path
 from baton.core import errors
 from baton.core import models as m
@@ -299,7 +300,7 @@ class ResponsesStream(Response):
         self.draft = draft
         self.on_done = on_done  # async (draft) -> None, called once with the finished draft
         self.seq = 0
-        self.pending = b""
+        self.frames = SSEFrames()
         self.failed = False
 
     def _ev(self, kind: str, **fields: Any) -> bytes:
@@ -327,10 +328,8 @@ class ResponsesStream(Response):
         return head + self._ev(kind, response=d.body())
 
     async def _translate(self, data: bytes) -> bytes:
-        self.pending += data
         out = b""
-        while (end := self.pending.find(b"\n\n")) >= 0:
-            raw, self.pending = self.pending[:end], self.pending[end + 2:]
+        for raw in events(self.frames.feed(data)):
             out += await self._one(raw)
         return out
 

@@ -39,6 +39,7 @@ from starlette.types import Send
 
 from baton.api.gateway.metering import Outcome
 from baton.api.gateway.proxy import SSERelay, read_usage
+from baton.api.gateway.sse import EVENT_END, SSEFrames
 from baton.api.gateway.upstream import Opener, UpstreamResponse
 from baton.core import errors
 from baton.core.contracts import STEP_AGGREGATED_FALLBACK, STEP_DECODE_RESUME
@@ -496,20 +497,17 @@ class ResumingRelay(SSERelay):
 
     async def _pump(self, response: UpstreamResponse, send: Send, st: _Stream) -> str | None:
         """Relays one upstream stream; returns None when it completed, else why it broke."""
-        pending = b""
+        frames = SSEFrames()
         read_timeout: float | None = None
         try:
             async for received in response.aiter_raw():
                 now = time.perf_counter()
-                chunk = pending + received if pending else received
-                end = chunk.rfind(b"\n\n")
-                if end < 0:
-                    pending = chunk
+                whole = frames.feed(received)
+                if not whole:
                     continue
-                pending = chunk[end + 2:]
                 out: list[bytes] = []
                 failure: str | None = None
-                for ev in chunk[:end].split(b"\n\n"):
+                for ev in whole.split(EVENT_END):
                     if not ev.strip():
                         continue
                     piece, failure = self._event(ev, st, now)
@@ -531,7 +529,7 @@ class ResumingRelay(SSERelay):
                     return failure
         except httpx.HTTPError as exc:
             return f"upstream {type(exc).__name__}"
-        if pending.strip():
+        if (pending := frames.pending).strip():
             piece, failure = self._event(pending, st, time.perf_counter())
             if piece:
                 st.started = True
