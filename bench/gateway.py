@@ -27,7 +27,14 @@ from baton.bench.procs import Proc, StartError, start_engine, start_floor, start
 ProgressFactory = Callable[[str, int], Callable[[stats.RequestResult], None]]
 Log = Callable[[str], None]
 
-ARMS = ("direct", "baton", "baton-notrace", "baton-noflow", "litellm")
+ARMS = ("direct", "baton", "baton-notrace", "baton-noflow", "baton-httpx", "baton-redispy", "baton-otelsdk", "litellm")
+#: The library arms: Baton with one hand-written part replaced by the library it stands for, each beside
+#: the Baton arm it differs from in that part only (name -> (the hand-written arm, the settings that swap it))
+LIBRARY_ARMS: dict[str, tuple[str, dict[str, str]]] = {
+    "baton-httpx": ("baton-notrace", {"BATON_GATEWAY__UPSTREAM_CLIENT": "httpx"}),
+    "baton-redispy": ("baton-notrace", {"BATON_GATEWAY__REDIS_CLIENT": "redis-py"}),
+    "baton-otelsdk": ("baton", {"BATON_TELEMETRY__EXPORTER": "otel-sdk"}),
+}
 
 
 @dataclass
@@ -65,6 +72,9 @@ class GatewayConfig:
     flow_arm: bool = True
     """Also run Baton with flow control off (``baton-noflow``, tracing off): the cost of flow control when
     nothing queues is ``baton-notrace`` minus it."""
+    library_arms: bool = False
+    """Also run the library arms (:data:`LIBRARY_ARMS`: httpx for upstream calls, redis-py with hiredis for
+    admission, OpenTelemetry's OTLP exporter), each beside the Baton arm with its hand-written part."""
 
     def arms(self) -> list[str]:
         arms = ["direct"]
@@ -74,6 +84,10 @@ class GatewayConfig:
             arms.append("baton-notrace")
             if self.flow_arm:
                 arms.append("baton-noflow")
+        if self.library_arms:
+            for name, (base, _) in LIBRARY_ARMS.items():
+                if base in arms:
+                    arms.append(name)
         if self.litellm:
             arms.append("litellm")
         return arms
@@ -162,11 +176,13 @@ def _start_arms(cfg: GatewayConfig, stack: contextlib.ExitStack, out: dict[str, 
         arms_mod.migrate(cfg.db_url)
         tenant = arms_mod.provision_tenant(cfg.db_url, model=cfg.model,
                                            model_source=str(Path(cfg.model_dir).resolve()))
-        for name in ("baton", "baton-notrace", "baton-noflow"):
+        for name in ("baton", "baton-notrace", "baton-noflow", *LIBRARY_ARMS):
             if name not in want:
                 continue
-            env = arms_mod.gateway_env(tenant, upstreams={cfg.model: upstream}, tracing=name == "baton",
+            base, swap = LIBRARY_ARMS.get(name, (name, {}))
+            env = arms_mod.gateway_env(tenant, upstreams={cfg.model: upstream}, tracing=base == "baton",
                                        otlp_endpoint=otlp)
+            env.update(swap)
             if name == "baton-noflow":
                 env["BATON_GATEWAY__FLOW__ENABLED"] = "false"
             proc, url = arms_mod.start_gateway(name, env, cpus=cfg.gateway_cpus)
@@ -289,6 +305,20 @@ def _ratios(added: dict[str, Any], per_arm: dict[str, Any]) -> dict[str, Any]:
             "cpu_ms_per_request": _diff(per_arm["baton-notrace"]["proxy_cpu_ms_per_request"],
                                         per_arm["baton-noflow"]["proxy_cpu_ms_per_request"]),
         }
+    libraries = {}
+    for name, (base, _) in LIBRARY_ARMS.items():
+        if name in added and base in added:
+            libraries[name] = {
+                "against": base,
+                "cpu_ms_per_request": per_arm[name]["proxy_cpu_ms_per_request"],
+                "hand_written_cpu_ms_per_request": per_arm[base]["proxy_cpu_ms_per_request"],
+                "cpu_ratio": _ratio(per_arm[name]["proxy_cpu_ms_per_request"],
+                                    per_arm[base]["proxy_cpu_ms_per_request"]),
+                "added_ttft_p50_ms": added[name]["ttft_ms"]["p50"],
+                "hand_written_added_ttft_p50_ms": added[base]["ttft_ms"]["p50"],
+            }
+    if libraries:
+        out["libraries"] = libraries
     if "baton" in added and "baton-notrace" in added:
         out["tracing_overhead"] = {
             "ttft_p50_ms": added["baton"]["ttft_ms"]["p50"] - added["baton-notrace"]["ttft_ms"]["p50"],

@@ -242,6 +242,10 @@ def gateway(  # noqa: PLR0917 - typer options
     flow_arm: Annotated[bool, typer.Option(
         "--flow-arm/--no-flow-arm", help="Also run Baton with flow control off (baton-noflow): the cost of flow "
         "control when nothing queues.")] = True,
+    library_arms: Annotated[bool, typer.Option(
+        "--library-arms", help="Also run Baton with each hand-written part replaced by its library (httpx for "
+        "upstream calls, redis-py with hiredis for admission, OpenTelemetry's OTLP exporter), each beside the "
+        "Baton arm it differs from in that part only.")] = False,
     out: OutOpt = None,
 ) -> None:
     """Added latency of Baton's gateway (and of LiteLLM's proxy) over the bare upstream, in one run."""
@@ -258,7 +262,8 @@ def gateway(  # noqa: PLR0917 - typer options
                         input_len=input_len, output_len=output_len, seed=seed, db_url=db_url,
                         throughput_requests=throughput_requests, throughput_concurrency=throughput_concurrency,
                         gateway_cpus=cpus, stub_token_gap_ms=stub_token_gap_ms, stub_batched=stub_batched,
-                        scaling_workers=scaling_workers, token_requests=token_requests, flow_arm=flow_arm)
+                        scaling_workers=scaling_workers, token_requests=token_requests, flow_arm=flow_arm,
+                        library_arms=library_arms)
     with _progress() as factory:
         result = run_gateway(cfg, progress=factory, log=typer.echo)
     path = report.write_json(_out_path(out, f"gateway-{upstream}"), result)

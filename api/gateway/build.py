@@ -66,13 +66,15 @@ def build_gateway(
     return Gateway(
         principals=principals,
         listener=InvalidationListener(redis, principals),
-        limiter=RateLimiter(redis, lease_s=g.ratelimit_lease_s, fail_open=g.ratelimit_fail_open),
+        limiter=RateLimiter(redis, lease_s=g.ratelimit_lease_s, fail_open=g.ratelimit_fail_open,
+                            lean=g.redis_client == "baton"),
         meter=UsageMeter(db, batch_size=g.usage_batch_size, flush_interval=g.usage_flush_interval_s,
                          max_buffer=g.usage_buffer_max,
                          enrich=FactMerger(redis, tracing.tracer if tracing and tracing.provider else None),
                          observe=metrics.observe if metrics is not None else None),
         router=router,
-        client=http_client or new_client(timeout_s=g.upstream_timeout_s, max_connections=g.upstream_max_connections),
+        client=http_client or new_client(timeout_s=g.upstream_timeout_s, max_connections=g.upstream_max_connections,
+                                          library=g.upstream_client),
         default_completion_budget=g.default_completion_budget,
         max_embedding_input_tokens=g.max_embedding_input_tokens,
         resume=ResumePolicy(attempts=g.resume_attempts, budget_s=g.resume_budget_s, backoff_s=g.resume_backoff_s)

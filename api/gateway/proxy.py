@@ -29,7 +29,7 @@ from baton.api.errors import openai_error_body
 from baton.api.gateway.engine_text import client_text
 from baton.api.gateway.metering import Outcome
 from baton.api.gateway.sse import SSEFrames
-from baton.api.gateway.upstream import UpstreamClient, UpstreamResponse
+from baton.api.gateway.upstream import HttpxUpstreamClient, UpstreamClient, UpstreamResponse
 from baton.core import errors
 from baton.core import models as m
 
@@ -45,10 +45,11 @@ class UpstreamTimeoutError(errors.UpstreamError):
     title = "The model took too long to answer"
 
 
-def new_client(*, timeout_s: float, max_connections: int) -> UpstreamClient:
-    """The upstream client of a gateway process (see :mod:`baton.api.gateway.upstream`)."""
-    return UpstreamClient(timeout_s=timeout_s, connect_timeout_s=5.0, max_connections=max_connections,
-                          keepalive_expiry_s=30.0)
+def new_client(*, timeout_s: float, max_connections: int, library: str = "baton") -> UpstreamClient:
+    """The upstream client of a gateway process (see :mod:`baton.api.gateway.upstream`); ``library="httpx"``:
+    the same calls over httpx (the gateway bench's library arm)."""
+    cls = HttpxUpstreamClient if library == "httpx" else UpstreamClient
+    return cls(timeout_s=timeout_s, connect_timeout_s=5.0, max_connections=max_connections, keepalive_expiry_s=30.0)
 
 
 # -- trace context -------------------------------------------------------------------------------

@@ -268,12 +268,12 @@ class RateLimiter:
     goes on and a warning is logged at most every 10 s) or refuse with 503.
     """
 
-    def __init__(self, redis: Any, *, lease_s: float = 30.0, fail_open: bool = True) -> None:
+    def __init__(self, redis: Any, *, lease_s: float = 30.0, fail_open: bool = True, lean: bool = True) -> None:
         self._redis = redis
         self._lease_ms = int(lease_s * 1000)
         self._renew_every = max(lease_s / 3, 0.05)
         self.fail_open = fail_open
-        self._lean = lean_scripts(redis)  # None: redis-py's own scripts
+        self._lean = lean_scripts(redis) if lean else None  # None: redis-py's own scripts
         register = self._lean.script if self._lean is not None else redis.register_script
         self._admit = register(_ADMIT)
         self._finish = register(_FINISH)

@@ -381,3 +381,71 @@ class UpstreamClient:
                 conn.close()
         self._idle.clear()
 
+
+
+class HttpxUpstreamClient(UpstreamClient):
+    """The same calls over httpx (``gateway.upstream_client: httpx``): the library arm ``baton bench gateway``
+    weighs this module's client against (``baton-httpx``). httpx reads its read timeout once per body, so
+    silence is watched here, around each read (a timer per piece: a stream that started can be held to a
+    shorter silence, :meth:`UpstreamResponse.set_read_timeout`)."""
+
+    def __init__(self, *, timeout_s: float, connect_timeout_s: float = 5.0, max_connections: int = 1000,
+                 keepalive_expiry_s: float = 30.0) -> None:
+        super().__init__(timeout_s=timeout_s, connect_timeout_s=connect_timeout_s, max_connections=0,
+                         keepalive_expiry_s=keepalive_expiry_s)
+        limit = max_connections if max_connections > 0 else None
+        self._httpx = httpx.AsyncClient(
+            timeout=httpx.Timeout(timeout_s, connect=connect_timeout_s), trust_env=False,
+            limits=httpx.Limits(max_connections=limit, max_keepalive_connections=limit,
+                                keepalive_expiry=keepalive_expiry_s))
+
+    async def post(self, url: str, body: bytes, headers: Mapping[str, str], *, stream: bool,
+                   read_timeout: float | None = None) -> UpstreamResponse:
+        silence_s = self.timeout_s if read_timeout is None else read_timeout
+        request = self._httpx.build_request(
+            "POST", url, content=body, headers=headers,
+            timeout=httpx.Timeout(self.timeout_s, connect=self.connect_timeout_s, read=silence_s))
+        response = HttpxUpstreamResponse(await self._httpx.send(request, stream=True), silence_s)
+        if not stream:
+            await response.aread()
+        return response
+
+    async def aclose(self) -> None:
+        await self._httpx.aclose()
+
+
+class HttpxUpstreamResponse(UpstreamResponse):
+    """An httpx answer behind :class:`UpstreamResponse`'s methods."""
+
+    __slots__ = ("_httpx",)
+
+    def __init__(self, response: httpx.Response, read_timeout: float) -> None:
+        super().__init__(None, None, read_timeout, status=response.status_code)
+        self._httpx = response
+        self._done = False
+
+    async def aiter_raw(self) -> AsyncIterator[bytes]:
+        pieces = self._httpx.aiter_raw().__aiter__()
+        try:
+            while True:
+                try:
+                    async with asyncio.timeout(self._read_timeout):
+                        piece = await pieces.__anext__()
+                except StopAsyncIteration:
+                    break
+                except TimeoutError:
+                    raise httpx.ReadTimeout(f"no answer from the upstream for {self._read_timeout:g} s") from None
+                yield piece
+        finally:
+            await self.aclose()
+
+    async def aread(self) -> bytes:
+        if not self._done:
+            self.content = b"".join([piece async for piece in self.aiter_raw()])
+        return self.content
+
+    async def aclose(self) -> None:
+        if self._done:
+            return
+        self._done = True
+        await self._httpx.aclose()

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, Field, SecretStr
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -101,6 +101,14 @@ class GatewaySettings(BaseModel):
         "always breaks it (a stalled replica: resumed with resume on). Longer than the longest engine step under "
         "load. After its first few gaps a stream is held to a shorter silence, relative to its own pace "
         "(token_stall_multiple, token_stall_floor_s)."
+    )
+    upstream_client: Literal["baton", "httpx"] = Field(
+        "baton", description="The HTTP client for upstream calls: Baton's own (httptools; the figure that keeps "
+        "it is in docs/benchmarks.md) or httpx."
+    )
+    redis_client: Literal["baton", "redis-py"] = Field(
+        "baton", description="The Redis client admission runs its rate-limit scripts on: Baton's pipelined RESP "
+        "connection (plain TCP servers; otherwise redis-py anyway) or redis-py (with hiredis)."
     )
     token_stall_multiple: float = Field(
         4.0, gt=1, description="Once a stream has had 8 gaps between tokens, a silence this many times its longest "
@@ -217,6 +225,10 @@ class TelemetrySettings(BaseModel):
     metrics_token: SecretStr | None = Field(
         None, description="Bearer token a scraper sends to the gateway's /metrics. Unset: /metrics answers "
         "loopback clients only."
+    )
+    exporter: Literal["baton", "otel-sdk"] = Field(
+        "baton", description="The span exporter: Baton's OTLP/HTTP encoder or OpenTelemetry's own OTLP/HTTP "
+        "exporter (both honour the OTEL_EXPORTER_OTLP_* variables Baton reads)."
     )
     metrics_tenant_labels: bool = Field(
         False, description="Label the gateway's request metrics with tenant ids (every scraper then sees every "

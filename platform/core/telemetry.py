@@ -90,7 +90,15 @@ def setup_tracing(
         except ValueError as exc:  # spans are still made (trace ids in records), only not exported
             log.error("traces are not exported: %s", exc)
         else:
-            if options.endpoint:
+            if options.endpoint and settings.exporter == "otel-sdk":
+                from opentelemetry.exporter.otlp.proto.http import Compression  # deferred: the library arm only
+                from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+
+                exporter = OTLPSpanExporter(
+                    endpoint=options.endpoint, headers=options.headers, timeout=2,
+                    certificate_file=options.certificate,
+                    compression=Compression.Gzip if options.compression == "gzip" else Compression.NoCompression)
+            elif options.endpoint:
                 exporter = OtlpHttpExporter.of(options, timeout_s=2)
     if exporter is not None:
         processor = (

@@ -115,17 +115,22 @@ def test_the_standard_otel_variables_name_the_endpoint_headers_and_compression()
             exporter_options("http://c:4318", bad)
 
 
-def test_a_collector_that_requires_a_header_gets_the_spans_with_it_gzipped(collector: str,
+@pytest.mark.parametrize("exporter", ["baton", "otel-sdk"])
+def test_a_collector_that_requires_a_header_gets_the_spans_with_it_gzipped(collector: str, exporter: str,
                                                                           monkeypatch: pytest.MonkeyPatch) -> None:
     """As a hosted tracing backend: without the header 401 and nothing stored; the process's tracing, set up
-    from the standard variables alone (no Baton setting), delivers its spans with the header, gzipped."""
+    from the standard variables alone (no Baton setting), delivers its spans with the header, gzipped, with
+    Baton's exporter and with OpenTelemetry's (the gateway bench's library arm)."""
     _Collector.required = {"x-api-key": "s3cret"}
     spans = _spans()
     assert OtlpHttpExporter(collector).export(spans) is SpanExportResult.FAILURE and _Collector.bodies == []
     monkeypatch.setenv("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", collector)
     monkeypatch.setenv("OTEL_EXPORTER_OTLP_HEADERS", "x-api-key=s3cret")
     monkeypatch.setenv("OTEL_EXPORTER_OTLP_COMPRESSION", "gzip")
-    tracing = t.setup_tracing(TelemetrySettings(enabled=True, service_name="baton-test"), batch=False)
+    tracing = t.setup_tracing(TelemetrySettings(enabled=True, service_name="baton-test", exporter=exporter),
+                              batch=False)
+    used = tracing.provider._active_span_processor._span_processors[0].span_exporter  # type: ignore[union-attr]
+    assert type(used).__name__ == {"baton": "OtlpHttpExporter", "otel-sdk": "OTLPSpanExporter"}[exporter]
     tracing.tracer.start_span("gateway.request").end()
     tracing.shutdown()
     assert len(_Collector.bodies) == 1

@@ -10,7 +10,11 @@ from collections.abc import Awaitable, Callable
 import httpx
 import pytest
 
-from baton.api.gateway.upstream import UpstreamClient
+from baton.api.gateway.upstream import HttpxUpstreamClient, UpstreamClient
+
+#: Baton's client and the httpx one the gateway bench weighs it against (gateway.upstream_client): the same
+#: failures, timeouts included, for the relays and the retry rules
+CLIENTS = pytest.mark.parametrize("cls", [UpstreamClient, HttpxUpstreamClient], ids=["baton", "httpx"])
 
 Handler = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
 
@@ -146,8 +150,9 @@ def test_a_body_left_unread_closes_its_connection() -> None:
     asyncio.run(go())
 
 
+@CLIENTS
 @pytest.mark.parametrize("when", ["before the answer", "mid-stream"])
-def test_silence_is_a_read_timeout(when: str) -> None:
+def test_silence_is_a_read_timeout(when: str, cls: type[UpstreamClient]) -> None:
     async def stall(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         await _read_request(reader)
         if when == "mid-stream":
@@ -157,7 +162,7 @@ def test_silence_is_a_read_timeout(when: str) -> None:
 
     async def go() -> None:
         server, url, _ = await _serve(stall)
-        client = UpstreamClient(timeout_s=5)
+        client = cls(timeout_s=5)
         try:
             with pytest.raises(httpx.ReadTimeout):
                 r = await client.post(url, b"{}", {}, stream=True, read_timeout=0.2)
@@ -171,7 +176,8 @@ def test_silence_is_a_read_timeout(when: str) -> None:
     asyncio.run(go())
 
 
-def test_an_answer_cut_mid_way_is_a_protocol_error() -> None:
+@CLIENTS
+def test_an_answer_cut_mid_way_is_a_protocol_error(cls: type[UpstreamClient]) -> None:
     async def cut(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         await _read_request(reader)
         writer.write(HEAD + b"9\r\ndata: 1\n\n\r\n")
@@ -179,7 +185,7 @@ def test_an_answer_cut_mid_way_is_a_protocol_error() -> None:
 
     async def go() -> None:
         server, url, _ = await _serve(cut)
-        client = UpstreamClient(timeout_s=5)
+        client = cls(timeout_s=5)
         try:
             r = await client.post(url, b"{}", {}, stream=True)
             got = []
@@ -194,20 +200,22 @@ def test_an_answer_cut_mid_way_is_a_protocol_error() -> None:
     asyncio.run(go())
 
 
-def test_an_unreachable_upstream_is_a_connect_error() -> None:
+@CLIENTS
+def test_an_unreachable_upstream_is_a_connect_error(cls: type[UpstreamClient]) -> None:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]  # bound, never listening: refused
 
         async def go() -> None:
-            client = UpstreamClient(timeout_s=5)
+            client = cls(timeout_s=5)
             with pytest.raises(httpx.ConnectError):
                 await client.post(f"http://127.0.0.1:{port}/v1/completions", b"{}", {}, stream=True)
 
         asyncio.run(go())
 
 
-def test_silence_counts_from_the_last_piece_and_a_shorter_limit_applies_at_once() -> None:
+@CLIENTS
+def test_silence_counts_from_the_last_piece_and_a_shorter_limit_applies_at_once(cls: type[UpstreamClient]) -> None:
     """The silence limit, shortened from 3 s to 0.4 s after the first piece, ends the 1.2 s pause after the
     eighth (a timer still set for the 3 s limit would let the ninth piece through), while pieces 0.1 s apart
     for 0.8 s in all pass (the connection's one timer waits on for each new deadline)."""
@@ -225,7 +233,7 @@ def test_silence_counts_from_the_last_piece_and_a_shorter_limit_applies_at_once(
 
     async def go() -> None:
         server, url, _ = await _serve(trickle)
-        client = UpstreamClient(timeout_s=5)
+        client = cls(timeout_s=5)
         got: list[bytes] = []
         try:
             r = await client.post(url, b"{}", {}, stream=True, read_timeout=3.0)
