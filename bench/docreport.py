@@ -242,6 +242,15 @@ def _gateway_ratios(ratios: dict[str, Any]) -> str:
                          f"{_signed(v['cpu_ms_per_request'], 2)} ms per request (64 requests: the CPU clock's "
                          "10 ms tick makes this one coarse; the throughput table's requests per CPU-second are "
                          "the finer figure).")
+        elif name == "libraries":
+            what = {"baton-httpx": "httpx for upstream calls", "baton-redispy": "redis-py (hiredis) for admission",
+                    "baton-otelsdk": "OpenTelemetry's OTLP exporter"}
+            for arm, lib in v.items():
+                lines.append(f"{what.get(arm, arm)} (`{arm}`) against Baton's own part (`{lib['against']}`): CPU "
+                             f"{_num(lib['cpu_ms_per_request'], 2)} ms per request against "
+                             f"{_num(lib['hand_written_cpu_ms_per_request'], 2)} ({_num(lib['cpu_ratio'], 2)}x), "
+                             f"added TTFT p50 {_signed(lib['added_ttft_p50_ms'], 2)} ms against "
+                             f"{_signed(lib['hand_written_added_ttft_p50_ms'], 2)} ms.")
         elif name == "tracing_overhead":
             lines.append(f"Tracing on minus off: added TTFT p50 {_signed(v['ttft_p50_ms'], 2)} ms, E2E p50 "
                          f"{_signed(v['e2el_p50_ms'], 2)} ms, CPU {_signed(v['cpu_ms_per_request'], 2)} ms "
@@ -438,12 +447,15 @@ def _recovery(d: dict[str, Any]) -> str:
     for topo, arms in d["summary"].items():
         for arm, s in arms.items():
             ts = [t for t in trials if t["topology"] == topo and t["arm"] == arm]
-            each = f" ({', '.join(_num(t.get('client_gap_ms')) for t in ts)})" if ts else ""
+            each = f" ({', '.join(_num(t.get('client_gap_ms')) for t in ts if t.get('resumed_after') is not None)})"
             rungs = Counter(str(t["rung"]) for t in ts)
             served = "; ".join(f"{rung}, {n} of {len(ts)}" for rung, n in rungs.items()) or ", ".join(s["rungs"])
             equal = _met(s["all_equal_undisturbed"]) + (
                 f", {sum(bool(t['equal_undisturbed']) for t in ts)} of {len(ts)}" if ts else "")
             after = s.get("after_replacement_ratio_median")
+            hit = s.get("kills_that_hit")
+            if isinstance(hit, int) and hit < len(ts):
+                each += f", {len(ts) - hit} of {len(ts)} kills missed the stream (not counted)"
             rows.append([topo, arm, f"{_num(s.get('client_gap_ms_median'))} ms{each}",
                          f"{_num(s.get('record_gap_ms_median'))} ms", f"{_num(s['fresh_ttft_ms_median'])} ms",
                          f"{_num(s['ratio_median'], 2)} ({_num(s['ratio_max'], 2)})", f"<= {s['target_ratio']:g}",
