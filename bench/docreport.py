@@ -463,8 +463,11 @@ def _recovery(d: dict[str, Any]) -> str:
                          f"{_num(after, 2)} ({_num(s.get('after_replacement_ratio_max'), 2)})",
                          _verdict(after, s.get("after_replacement_target", 1.5)), served, equal,
                          _met(s["all_completed"])])
-    head = (f"A {c['prompt_len']:,}-token prompt, {c['max_tokens']:,} tokens, the decode replica killed after "
-            f"{c['kill_after']} tokens at the client, {c['repeats']} kills per topology and arm. Gap = the longest "
+    at = [t["victim"]["tokens_at_kill"] for t in trials if isinstance(t.get("victim", {}).get("tokens_at_kill"), int)]
+    when = f" ({min(at)}-{max(at)} tokens had arrived)" if at else ""
+    head = (f"A {c['prompt_len']:,}-token prompt, {c['max_tokens']:,} tokens, the decode replica killed once "
+            f"{c['kill_after']} tokens reached the client and the engines' gauges named the replica serving the "
+            f"stream{when}, {c['repeats']} kills per topology and arm. Gap = the longest "
             "wait between two tokens at the client from the last one before the kill on; ratio = that gap / a fresh "
             "TTFT; after the replacement = the first request's TTFT once Serve calls the pool whole again / a "
             "fresh TTFT (target <= 1.5); targets on the median:\n\n")

@@ -244,8 +244,8 @@ def gateway(  # noqa: PLR0917 - typer options
         "control when nothing queues.")] = True,
     library_arms: Annotated[bool, typer.Option(
         "--library-arms", help="Also run Baton with each hand-written part replaced by its library (httpx for "
-        "upstream calls, redis-py with hiredis for admission, OpenTelemetry's OTLP exporter), each beside the "
-        "Baton arm it differs from in that part only.")] = False,
+        "upstream calls, redis-py with hiredis for admission), each beside the Baton arm it differs from in that "
+        "part only.")] = False,
     out: OutOpt = None,
 ) -> None:
     """Added latency of Baton's gateway (and of LiteLLM's proxy) over the bare upstream, in one run."""

@@ -226,10 +226,6 @@ class TelemetrySettings(BaseModel):
         None, description="Bearer token a scraper sends to the gateway's /metrics. Unset: /metrics answers "
         "loopback clients only."
     )
-    exporter: Literal["baton", "otel-sdk"] = Field(
-        "baton", description="The span exporter: Baton's OTLP/HTTP encoder or OpenTelemetry's own OTLP/HTTP "
-        "exporter (both honour the OTEL_EXPORTER_OTLP_* variables Baton reads)."
-    )
     metrics_tenant_labels: bool = Field(
         False, description="Label the gateway's request metrics with tenant ids (every scraper then sees every "
         "tenant's traffic); off: the tenant label is empty."

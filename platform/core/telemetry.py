@@ -83,23 +83,15 @@ def setup_tracing(
                               sampler=ParentBased(TraceIdRatioBased(settings.sample_ratio)),
                               meter_provider=NoOpMeterProvider())  # no SDK self-metrics per span
     if exporter is None:
-        from baton.core.otlp import OtlpHttpExporter, exporter_options  # deferred: only when tracing is on
+        from baton.core.otlp import exporter_options, new_exporter  # deferred: only when tracing is on
 
         try:  # Baton's endpoint, with the standard OTEL_EXPORTER_OTLP_* variables
             options = exporter_options(settings.otlp_endpoint)
         except ValueError as exc:  # spans are still made (trace ids in records), only not exported
             log.error("traces are not exported: %s", exc)
         else:
-            if options.endpoint and settings.exporter == "otel-sdk":
-                from opentelemetry.exporter.otlp.proto.http import Compression  # deferred: the library arm only
-                from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
-
-                exporter = OTLPSpanExporter(
-                    endpoint=options.endpoint, headers=options.headers, timeout=2,
-                    certificate_file=options.certificate,
-                    compression=Compression.Gzip if options.compression == "gzip" else Compression.NoCompression)
-            elif options.endpoint:
-                exporter = OtlpHttpExporter.of(options, timeout_s=2)
+            if options.endpoint:
+                exporter = new_exporter(options, timeout_s=2)
     if exporter is not None:
         processor = (
             BatchSpanProcessor(exporter, max_queue_size=8192, schedule_delay_millis=500, export_timeout_millis=2000)
