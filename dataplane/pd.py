@@ -24,7 +24,7 @@ from typing import Any
 
 from ray.llm._internal.serve.serving_patterns.prefill_decode.pd_server import PDDecodeServer
 
-from baton.core.contracts import HandoffFact
+from baton.core.contracts import REQUEST_ID_HEADER, HandoffFact
 from baton.dataplane import tracing as dp_tracing
 from baton.dataplane.facts import spawn_fact
 
@@ -118,8 +118,9 @@ class BatonPDDecodeServer(PDDecodeServer):
         """Called by Ray's ``PDDecodeServer.__init__`` once the engine is up, before Serve sends this replica
         any traffic: a small completion and a small chat over the whole P/D path, as a client's would go
         (the prefill deployment's handle learns its replicas, the prefill engine's KV reaches this engine
-        over NIXL, so the connectors' handshake is done; the chat template is loaded), so the first request
-        after a replacement does not pay for it.
+        over NIXL, so the connectors' handshake is done; the chat template is loaded; the replica's tracer
+        and its Redis client for the gateway's facts are built), so the first request after a replacement
+        does not pay for it. Their request ids start with :data:`WARMUP_PREFIX` (a trace of its own each).
 
         Ray's own pre-warm (``experimental_configs._prewarm_prefill_decode``) broadcasts a one-token prompt
         to every prefill replica and fails the replica when the prefill pool is away for five minutes;
@@ -127,11 +128,12 @@ class BatonPDDecodeServer(PDDecodeServer):
         lost), with a new prompt of two whole KV blocks (a partial block is not pulled, so it would not
         meet the peer), and a failure or :data:`WARMUP_TIMEOUT_S` costs only the warm-up."""
         from ray.llm._internal.serve.core.configs.openai_api_models import ChatCompletionRequest, CompletionRequest
+        from ray.llm._internal.serve.core.protocol import RawRequestInfo
 
         # prompts no tier holds (a cached one would be loaded from LMCache, and NIXL never meet its peer)
         rng, n = random.Random(), 2 * self._baton_block_size() + 8
         model = self._llm_config.model_id
-        requests = [
+        requests: list[CompletionRequest | ChatCompletionRequest] = [
             CompletionRequest(model=model, prompt=[rng.randrange(100, 1000) for _ in range(n)], max_tokens=1,
                               temperature=0.0, stream=False, request_id=f"{WARMUP_PREFIX}{uuid.uuid4().hex}"),
             # the chat path's own first-time work (the chat template, its renderer)
@@ -143,7 +145,11 @@ class BatonPDDecodeServer(PDDecodeServer):
         try:
             async with asyncio.timeout(WARMUP_TIMEOUT_S):  # not wait_for: it can lose a cancellation (3.11)
                 for request in requests:
-                    async with contextlib.aclosing(self._orchestrate(request, None)) as chunks:
+                    # through the entry point Serve calls, so what a first request sets up (this replica's
+                    # tracer and exporter, its Redis client for the gateway's facts) is set up here
+                    raw = RawRequestInfo(headers={REQUEST_ID_HEADER: request.request_id})
+                    call = self.chat if isinstance(request, ChatCompletionRequest) else self.completions
+                    async with contextlib.aclosing(await call(request, raw)) as chunks:
                         async for _ in chunks:
                             pass
         except Exception as exc:
