@@ -73,6 +73,11 @@ class ResponseRequest(BaseModel):
     background: StrictBool | None = None
 
 
+#: The chat request's fields a refusal may name, as a Responses request calls them.
+_CHAT_FIELDS = {"max_tokens": "max_output_tokens", "max_completion_tokens": "max_output_tokens",
+                "messages": "input"}
+
+
 def _unsupported(message: str, param: str) -> errors.ValidationError:
     return errors.ValidationError(message, param=param)
 
@@ -404,6 +409,14 @@ async def create(gateway: Any, principal: Any, req: ResponseRequest, *, tracepar
         call = await gateway.prepare_chat(principal, chat_payload(req, history, new))
     except InvalidTextError:  # name the field of this request, not of the chat request it became
         raise InvalidTextError(surrogate_path(req.model_dump(exclude_none=True))) from None
+    except errors.ClientError as exc:  # the same: a limit names the chat field it was checked on
+        name = _CHAT_FIELDS.get(exc.param or "")
+        if name is None:
+            raise
+        exc.message = exc.message.replace(f"`{exc.param}`", f"`{name}`")
+        exc.args = (exc.message,)
+        exc.param = name
+        raise
     draft = Draft.of(req)
 
     async def done(d: Draft) -> None:

@@ -45,6 +45,12 @@ def test_a_request_over_its_keys_cap_is_refused_before_the_engine(
     embed = http.post("/v1/embeddings", headers=key.headers,
                       json={"model": catalogue.embed, "input": ["one two three four"] * 80})
     assert embed.status_code == 400 and embed.json()["error"]["code"] == "request_too_large", embed.text
+    # a Responses request is refused in its own words: its field, not the chat field it maps to
+    resp = http.post("/v1/responses", headers=key.headers,
+                     json={"model": catalogue.big, "input": "hello there", "max_output_tokens": 500})
+    rerr = resp.json()["error"]
+    assert resp.status_code == 400 and (rerr["code"], rerr["param"]) == ("request_too_large", "max_output_tokens")
+    assert "`max_output_tokens`" in rerr["message"] and "max_tokens`" not in rerr["message"], rerr
     assert _last(stub_url) == seen  # none of them reached the upstream
 
     # no limit named: the engine is told what the cap leaves
