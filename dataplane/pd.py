@@ -125,8 +125,8 @@ class BatonPDDecodeServer(PDDecodeServer):
         Ray's own pre-warm (``experimental_configs._prewarm_prefill_decode``) broadcasts a one-token prompt
         to every prefill replica and fails the replica when the prefill pool is away for five minutes;
         this one goes through the recovery ladder instead (no prefill replica: prefilled here, nothing
-        lost), with a new prompt of two whole KV blocks (a partial block is not pulled, so it would not
-        meet the peer), and a failure or :data:`WARMUP_TIMEOUT_S` costs only the warm-up."""
+        lost), with a new prompt of two whole KV blocks (KV to pull whatever the connector's rounding to
+        blocks; Ray's one-token prompt has none), and a failure or :data:`WARMUP_TIMEOUT_S` costs only the warm-up."""
         from ray.llm._internal.serve.core.configs.openai_api_models import ChatCompletionRequest, CompletionRequest
         from ray.llm._internal.serve.core.protocol import RawRequestInfo
 

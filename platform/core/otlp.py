@@ -7,9 +7,9 @@ logged), ``..._COMPRESSION`` (``gzip``) and ``..._CERTIFICATE`` (a CA bundle for
 OTLP/HTTP with protobuf; ``..._PROTOCOL=grpc`` is refused with a clear message at start-up.
 
 Baton encoded spans by hand until the gateway bench weighed that against OpenTelemetry's exporter in one
-run (``docs/benchmarks.md``, "Hand-written parts against their libraries"): the exporter's protobuf
-encoding costs about 10 microseconds more per span, under 2% of the gateway's CPU per request (three
-spans), short of the 15% that would keep a part of Baton's own. :func:`new_exporter` builds the library's.
+run (``docs/benchmarks.md``, "Hand-written parts against their libraries"): the exporter's arm used no
+more gateway CPU per request, short of the 15% saving that would keep a part of Baton's own.
+:func:`new_exporter` builds the library's.
 """
 
 from __future__ import annotations
