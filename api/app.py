@@ -1,7 +1,7 @@
 """The FastAPI application: ``/v1`` (gateway), and ``/admin/v1`` and the console when installed.
 
 :func:`create_app` builds nothing at import time. Its lifespan builds the composition root once per
-process (database, Redis, upstream clients, the control plane: :mod:`baton.api.services`), unless
+process (database, Redis, upstream clients, the control plane: :mod:`baton.api.composition`), unless
 tests hand parts in, and closes what it built. Optional routers of other parts of Baton (admin API,
 console) are mounted when their modules exist.
 """
@@ -21,13 +21,13 @@ from fastapi.responses import JSONResponse
 from pydantic import SecretStr
 
 from baton.api.body_limit import BodyLimit
+from baton.api.composition import AppServices
 from baton.api.errors import install_error_handlers
 from baton.api.gateway.build import build_gateway
 from baton.api.gateway.fastpath import FastPath
 from baton.api.gateway.metrics import CONTENT_TYPE, GatewayMetrics
 from baton.api.gateway.routes import fallback
 from baton.api.gateway.routes import router as gateway_router
-from baton.api.services import AppServices
 from baton.core.db import Database
 from baton.core.settings import Settings, load_settings
 from baton.core.telemetry import setup_tracing

@@ -291,7 +291,7 @@ def _summary(sent: list[Sent], duration: float) -> dict[str, Any]:
 
 def run_path(cfg: PathConfig, settings: Any, db: Any, *, log: Log = print,
              progress: ProgressFactory | None = None) -> dict[str, Any]:
-    from baton.bench.otlp import receiver
+    from baton.bench.otlp_receiver import receiver
 
     started = report.provenance()
     with receiver() as (otlp, rec), path_stack(cfg, settings, db, otlp, log=log) as stack:

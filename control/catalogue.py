@@ -15,9 +15,9 @@ from dataclasses import dataclass, field, fields
 from typing import Any, Literal
 
 from baton.control.audit import audit, snapshot
-from baton.control.spec import deployment_spec, throughput_from
+from baton.control.spec_rows import deployment_spec, throughput_from
 from baton.control.usecase import Actor, Notifier
-from baton.control.views import UNSET, Page, Precondition, Unset, check
+from baton.control.views import UNSET, WIRE_SCHEMA, Page, Precondition, Unset, check
 from baton.core import errors
 from baton.core import models as m
 from baton.core.db import Database, UnitOfWork
@@ -177,7 +177,7 @@ class DeploymentView:
     version: int
     created_at: dt.datetime
     updated_at: dt.datetime
-    #: The catalogue model's name (listings fill it in; None elsewhere).
+    #: The catalogue model's name.
     model: str | None = None
 
     @classmethod
@@ -195,9 +195,17 @@ class DeploymentView:
         )
 
 
+def _view(uow: UnitOfWork, d: m.Deployment) -> DeploymentView:
+    """The deployment's view with its model's name."""
+    model = uow.models.get(d.model_id)
+    return DeploymentView.of(d, model=model.name if model else None)
+
+
 @dataclass(frozen=True, slots=True)
 class DeploymentStatusView:
     """What the reconciler last saw in Ray Serve for one deployment."""
+
+    __pydantic_config__ = WIRE_SCHEMA
 
     id: uuid.UUID
     name: str
@@ -207,8 +215,8 @@ class DeploymentStatusView:
     observed_at: dt.datetime | None
     generation: int
     observed_generation: int
-    #: Serve runs the current generation and the states agree.
     up_to_date: bool
+    """Serve runs the current generation and the states agree."""
 
     @classmethod
     def of(cls, d: m.Deployment) -> DeploymentStatusView:
@@ -337,7 +345,7 @@ class Catalogue:
             uow.deployments.add(d)
             audit(uow, actor, "deployment.create", "deployment", d.id, after=d)
             uow.commit()
-            out = DeploymentView.of(d)
+            out = _view(uow, d)
         self.notify.reconcile("deployment created")
         return out
 
@@ -355,9 +363,7 @@ class Catalogue:
 
     def get_deployment(self, deployment_id: uuid.UUID) -> DeploymentView:
         with self.db.system() as uow:
-            d = uow.deployments.require(deployment_id)
-            model = uow.models.get(d.model_id)
-            return DeploymentView.of(d, model=model.name if model else None)
+            return _view(uow, uow.deployments.require(deployment_id))
 
     def deployment_status(self, deployment_id: uuid.UUID) -> DeploymentStatusView:
         with self.db.system() as uow:
@@ -388,7 +394,7 @@ class Catalogue:
                 uow.flush()
                 audit(uow, actor, "deployment.update", "deployment", d.id, before=before, after=d)
             uow.commit()
-            out = DeploymentView.of(d)
+            out = _view(uow, d)
         if changed:
             self.notify.reconcile("deployment changed")
         return out
@@ -416,7 +422,7 @@ class Catalogue:
                 uow.flush()
                 audit(uow, actor, "deployment.delete", "deployment", d.id, before=before, after=d)
             uow.commit()
-            out = DeploymentView.of(d)
+            out = _view(uow, d)
         self.notify.reconcile("deployment deleted")
         return out
 

@@ -20,6 +20,7 @@ from typing import Any
 
 import redis as redis_lib
 
+from baton.control.views import WIRE_SCHEMA
 from baton.core import errors
 from baton.core.contracts import (
     ENGINE_LOAD_INDEX,
@@ -43,77 +44,130 @@ ProcessView = tuple[str, list[dict[str, Any]]]
 class FlowBand:
     """Requests waiting in one priority band (higher goes first)."""
 
+    __pydantic_config__ = WIRE_SCHEMA
+
     priority: int
+    """The band: the tenants' SLO priority (0-100); a higher band goes first."""
     waiting: int
+    """Requests waiting in this band, all gateway processes together."""
 
 
 @dataclass(frozen=True, slots=True)
 class FlowTenant:
     """One tenant's traffic on one model, over every gateway process."""
 
+    __pydantic_config__ = WIRE_SCHEMA
+
     tenant_id: uuid.UUID
     tenant_name: str | None
+    """The tenant's name (null: no such tenant any more)."""
     display_name: str | None
+    """The tenant's display name."""
     running: int
+    """Its requests upstream now."""
     waiting: int
+    """Its requests waiting in the queue now."""
     prompt_tokens: int
+    """Prompt tokens sent upstream, since each gateway process started."""
     completion_tokens: int
+    """Tokens generated (decode), since each gateway process started."""
     queued_s: float
+    """Seconds its started requests waited in the queue, summed."""
     rejected: dict[str, int]
+    """Refusals by reason (`queue_full`, `ttl`, `backlog`, `slo`)."""
     token_share: float | None
+    """Its share of the model's tokens (prompt and generated together), 0-1; null while no tokens were served."""
 
 
 @dataclass(frozen=True, slots=True)
 class FlowProcessModel:
     """One gateway process's queue of one model, with its learned limit's evidence."""
 
+    __pydantic_config__ = WIRE_SCHEMA
+
     process: str
+    """The gateway process (`host:pid`)."""
     limit: int | None
-    part: float | None  #: its weighted part of every process's limits, while one is in force
+    """Its learned concurrency limit (null: no view yet, limits only)."""
+    part: float | None
+    """While a band has tenants waiting both in this process and in another: its weighted part of every process's
+    limits, in requests (whole ones plus a slot kept busy for the fraction of the time); null: its own limit
+    applies."""
     running: int
     waiting: int
     dispatch_per_s: float | None
+    """Requests started per second (moving average)."""
     upstream_ttft_s: float | None
+    """Measured upstream time to first token (moving average)."""
     gradient: float | None
+    """The limit's latency gradient (1: no queueing upstream)."""
     tpot_floor_s: float | None
+    """The lowest time per output token seen (the floor)."""
     tpot_s: float | None
-    engine_pressure: str | None = None  #: why the engines' reports hold its limit down, if they do
+    """The time per output token now."""
+    engine_pressure: str | None = None
+    """Why the engines' load reports hold its limit down (their own queue, or a nearly full KV cache); null: they do
+    not."""
 
 
 @dataclass(frozen=True, slots=True)
 class FlowEngine:
     """One engine of a model, as its latest load report says (``baton.dataplane.engine_load``)."""
 
+    __pydantic_config__ = WIRE_SCHEMA
+
     engine: str
+    """The engine (`host:pid` of its Serve replica)."""
     role: str
+    """Its pool: `prefill`, `decode`, or `both` (aggregated)."""
     running: float
+    """Requests in its running batch (mean over the time its last report covers)."""
     waiting: float
+    """Requests waiting in its own queue (mean over the same time)."""
     kv_usage: float
-    age_s: float  #: seconds since the report (an engine that steps reports every half second)
+    """Its KV cache's largest usage over the same time, 0-1."""
+    age_s: float
+    """Seconds since the report (a stepping engine reports every half second; an idle one once, when it goes idle)."""
 
 
 @dataclass(frozen=True, slots=True)
 class FlowModel:
     """One model's queues added up over the gateway processes."""
 
+    __pydantic_config__ = WIRE_SCHEMA
+
     model: str
     limit: int | None
+    """The processes' concurrency limits added up (null: none has one yet)."""
     running: int
+    """Requests upstream now, all processes together."""
     waiting: int
+    """Requests waiting now, all processes together."""
     bands: list[FlowBand]
+    """Waiting per priority band, highest first."""
     dispatch_per_s: float | None
+    """Requests started per second, all processes together."""
     rejected: dict[str, int]
+    """Refusals by reason, all tenants together."""
     tenants: list[FlowTenant]
+    """Per tenant, most tokens first."""
     processes: list[FlowProcessModel]
+    """Each gateway process's own queue of the model."""
     engines: list[FlowEngine] = field(default_factory=list)
+    """The model's engines, as their latest load reports say."""
 
 
 @dataclass(frozen=True, slots=True)
 class FlowOverview:
     """Every model's merged queue, and the gateway processes whose views were read."""
 
+    __pydantic_config__ = WIRE_SCHEMA
+
     processes: list[str]
+    """The gateway processes whose views were read (each writes its view every second; a stopped one drops out within
+    seconds)."""
     models: list[FlowModel] = field(default_factory=list)
+    """Each model's queues merged over the processes."""
 
 
 # --- pure -------------------------------------------------------------------------------------------

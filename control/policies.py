@@ -16,7 +16,7 @@ from dataclasses import dataclass, fields
 from baton.control.audit import audit, snapshot
 from baton.control.slo import load_admission_table
 from baton.control.usecase import Actor, Notifier
-from baton.control.views import Page, Precondition, check
+from baton.control.views import WIRE_SCHEMA, Page, Precondition, check
 from baton.core import errors
 from baton.core import models as m
 from baton.core.db import Database
@@ -71,6 +71,7 @@ class PolicyChanges:
 
 @dataclass(frozen=True, slots=True)
 class PolicyView:
+    __pydantic_config__ = WIRE_SCHEMA
     id: uuid.UUID
     name: str
     ttft_ms: int
@@ -80,7 +81,11 @@ class PolicyView:
     sheddable: bool
     weight: float
     max_wait_s: float | None
+    """The longest a request of this class waits in a model's queue before its 429 (null: the gateway's setting, 30 s
+    unless configured)."""
     max_waiting: int | None
+    """How many of one tenant's requests of this class may wait in a model's queue at once, per gateway process; more
+    are refused at once with 429 (null: only the queue's own size bounds it)."""
     version: int
     created_at: dt.datetime
     updated_at: dt.datetime
@@ -119,6 +124,8 @@ class AssignmentView:
 class AdmissionView:
     """How the gateway admits one tenant's traffic (on one model, or on any)."""
 
+    __pydantic_config__ = WIRE_SCHEMA
+
     slo_class: str
     priority: int
     sheddable: bool
@@ -126,8 +133,8 @@ class AdmissionView:
     weight: float
     ttft_ms: int | None
     tpot_ms: int | None
-    #: Load (in-flight / capacity) from which requests are refused.
     shed_threshold: float
+    """Load (in-flight / capacity) from which requests are refused."""
 
 
 class SloPolicies:

@@ -4,7 +4,7 @@ One pass (:meth:`Reconciler.reconcile`):
 
 1. Take the reconcile lock (a Postgres advisory lock held for the pass): two passes never interleave.
 2. Read every deployment. Those with ``desired_state = running`` become one Serve application each
-   (:func:`baton.control.spec.deployment_spec` -> :func:`baton.dataplane.render.render_serve_config`);
+   (:func:`baton.control.spec_rows.deployment_spec` -> :func:`baton.dataplane.render.render_serve_config`);
    a row the data plane would refuse, or whose model's source fails its check (:mod:`baton.control.sources`),
    never reaches Ray: if Serve already runs an earlier generation of it, that one keeps serving (its
    applications are sent as they run, the row says why its new generation was refused); otherwise the
@@ -37,7 +37,7 @@ from baton.control.audit import jsonable
 from baton.control.ray_client import APP_STATUS_TO_OBSERVED, ServeClient, ServeStatus
 from baton.control.slo import EngineThroughput
 from baton.control.sources import source_problem
-from baton.control.spec import deployment_spec, throughput_from
+from baton.control.spec_rows import deployment_spec, throughput_from
 from baton.core import errors
 from baton.core import models as m
 from baton.core.db import Database, UnitOfWork

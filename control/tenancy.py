@@ -28,7 +28,7 @@ from baton.control.catalogue import ModelView
 from baton.control.keys import KeyService
 from baton.control.roles import TenantAction, authorize
 from baton.control.usecase import Actor, Notifier
-from baton.control.views import Page, Precondition, check
+from baton.control.views import WIRE_SCHEMA, Page, Precondition, check
 from baton.core import errors
 from baton.core import models as m
 from baton.core.db import Database, UnitOfWork
@@ -194,10 +194,11 @@ class IssuedAdminToken:
 
 @dataclass(frozen=True, slots=True)
 class AccessRequestView:
+    __pydantic_config__ = WIRE_SCHEMA
     id: uuid.UUID
     tenant_id: uuid.UUID
     model_id: uuid.UUID | None
-    #: The model's name (None: any model).
+    """The model asked for; null: any model, the operator chooses."""
     model: str | None
     note: str | None
     state: RequestState

@@ -3,7 +3,9 @@
 marker of a field a change leaves alone.
 
 Views are frozen dataclasses copied out of the unit of work before it closes: no ORM instance leaves a
-use case, so a surface can never lazy-load, mutate or re-attach one.
+use case, so a surface can never lazy-load, mutate or re-attach one. The same views are the wire shapes
+of ``/admin/v1`` and the console's JSON (FastAPI serializes a dataclass as it is): a view is the one shape of
+its row, and a field's docstring is its description in the OpenAPI document (:data:`WIRE_SCHEMA`).
 """
 
 from __future__ import annotations
@@ -28,6 +30,10 @@ class Unset(enum.Enum):
 
 
 UNSET = Unset.UNSET
+
+#: A view's ``__pydantic_config__``: its fields' docstrings become their descriptions on the wire. A plain
+#: dict (pydantic's ``ConfigDict`` is one), so the control plane does not import pydantic.
+WIRE_SCHEMA = {"use_attribute_docstrings": True}
 
 
 @dataclass(frozen=True, slots=True)

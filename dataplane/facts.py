@@ -3,7 +3,7 @@
 The decode server and the decode engine write what only they see (the KV handoff, recovery steps and
 phases of the prefill ladder, taken inside Ray) to the request's fact hash; the gateway's metering reads
 and merges them into the request record off the request path. Key, fields, payloads and TTL are the
-contract in :mod:`baton.core.contracts` (readers: :mod:`baton.api.gateway.facts`). Redis is optional: no
+contract in :mod:`baton.core.contracts` (readers: :mod:`baton.api.gateway.fact_reader`). Redis is optional: no
 facts URL in the replica's environment (:class:`~baton.core.contracts.ReplicaEnv`), or Redis down, costs
 only the facts, never the request.
 

@@ -120,6 +120,9 @@ class RequestTrace:
     handoff_done: bool = False
     received_ns: int = field(default_factory=time.time_ns)  # the decode server began handling the request
 
+    def _ids(self) -> dict[str, str]:
+        return {t.ATTR_REQUEST_ID: self.request_id} if self.request_id else {}
+
     # -- prefill ----------------------------------------------------------------------------------
 
     def start_prefill(self, prefill_request: Any) -> None:
@@ -130,7 +133,7 @@ class RequestTrace:
         self.prefill = self.tracer.start_span(t.SPAN_PREFILL, context=self.parent, kind=SpanKind.CLIENT,
                                               attributes={"baton.prefill.attempt": self.prefill_attempts,
                                                           "baton.replica": self.replica,
-                                                          ATTR_RECEIVED: self.received_ns})
+                                                          ATTR_RECEIVED: self.received_ns, **self._ids()})
         tp = t.traceparent_of(self.prefill)
         _set_param(prefill_request, TRACEPARENT_PARAM, tp)
         _set_header(self.raw, tp)
@@ -154,7 +157,7 @@ class RequestTrace:
         self.decode_start_pc = time.perf_counter()
         self.decode_start_ns = time.time_ns()
         self.decode = self.tracer.start_span(t.SPAN_DECODE, context=self.parent, start_time=self.decode_start_ns,
-                                             attributes={"baton.replica": self.replica})
+                                             attributes={"baton.replica": self.replica, **self._ids()})
         # Open from now to the first token; the engine's own KV spans (``baton.dataplane.kv_trace``)
         # hang below it through the traceparent in ``kv_transfer_params``.
         self.handoff_span = self.tracer.start_span(t.SPAN_KV_HANDOFF, context=trace.set_span_in_context(self.decode),

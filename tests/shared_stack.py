@@ -212,7 +212,7 @@ def _start_stack() -> BatonStack:
     from sqlalchemy.engine import make_url
 
     from baton.bench.chaos.faults import RedisTier
-    from baton.bench.otlp import receiver
+    from baton.bench.otlp_receiver import receiver
     from baton.bench.procs import isolated_ray_env
     from tests.conftest import PG_SERVER
 

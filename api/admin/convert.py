@@ -1,5 +1,6 @@
-"""Between the admin API's wire schemas and the control plane's commands and views: one place, used by the
-admin routes and the operator console alike (neither surface imports the other's routes)."""
+"""From the admin API's request bodies to the control plane's commands: one place, used by the admin routes and
+the operator console alike (neither surface imports the other's routes). Answers need no conversion: a use
+case's view is the wire shape (:mod:`baton.control.views`)."""
 
 from __future__ import annotations
 
@@ -7,39 +8,25 @@ from typing import Any
 
 from baton.control.catalogue import (
     DeploymentChanges,
-    DeploymentStatusView,
-    DeploymentView,
     ModelChanges,
-    ModelView,
     NewDeployment,
     NewModel,
     Replicas,
 )
-from baton.control.flow import FlowOverview
-from baton.control.policies import AssignmentView, NewAssignment, NewPolicy, PolicyView
+from baton.control.policies import NewAssignment, NewPolicy
 from baton.control.views import UNSET
 
 from .schemas import (
     DeploymentCreate,
-    DeploymentPublic,
-    DeploymentStatus,
     DeploymentUpdate,
-    FlowPublic,
     ModelCreate,
-    ModelPublic,
     ModelUpdate,
     ReplicaRange,
     SloAssignmentCreate,
-    SloAssignmentPublic,
     SloPolicyCreate,
-    SloPolicyPublic,
 )
 
 # --- models ---------------------------------------------------------------------------------------
-
-def model_public(v: ModelView) -> ModelPublic:
-    return ModelPublic.model_validate(v)
-
 
 def new_model(body: ModelCreate) -> NewModel:
     return NewModel(**body.model_dump())
@@ -73,32 +60,7 @@ def deployment_changes(body: DeploymentUpdate) -> DeploymentChanges:
     return DeploymentChanges(**{name: values.get(name, UNSET) for name in DeploymentUpdate.model_fields})
 
 
-def deployment_public(v: DeploymentView) -> DeploymentPublic:
-    return DeploymentPublic(
-        id=v.id, name=v.name, model_id=v.model_id, mode=v.mode,
-        prefill=ReplicaRange(min=v.prefill.min, max=v.prefill.max),
-        decode=ReplicaRange(min=v.decode.min, max=v.decode.max),
-        engine=v.engine, kv_connector=v.kv_connector, lmcache=v.lmcache, device_profile=v.device_profile,
-        slo_policy_id=v.slo_policy_id, desired_state=v.desired_state, observed_state=v.observed_state,
-        observed_reason=v.observed_reason, observed_at=v.observed_at, generation=v.generation,
-        observed_generation=v.observed_generation, version=v.version, created_at=v.created_at,
-        updated_at=v.updated_at,
-    )
-
-
-def deployment_status_public(v: DeploymentStatusView) -> DeploymentStatus:
-    return DeploymentStatus.model_validate(v)
-
-
 # --- SLO policies ---------------------------------------------------------------------------------
-
-def policy_public(v: PolicyView) -> SloPolicyPublic:
-    return SloPolicyPublic.model_validate(v)
-
-
-def assignment_public(v: AssignmentView) -> SloAssignmentPublic:
-    return SloAssignmentPublic.model_validate(v)
-
 
 def new_policy(body: SloPolicyCreate) -> NewPolicy:
     return NewPolicy(**body.model_dump())
@@ -106,10 +68,3 @@ def new_policy(body: SloPolicyCreate) -> NewPolicy:
 
 def new_assignment(body: SloAssignmentCreate) -> NewAssignment:
     return NewAssignment(policy_id=body.policy_id, tenant_id=body.tenant_id, model_id=body.model_id)
-
-
-# --- flow control ---------------------------------------------------------------------------------
-
-def flow_public(v: FlowOverview) -> FlowPublic:
-    """The merged queue view (:class:`~baton.control.flow.FlowOverview`) as ``/admin/v1/flow`` answers it."""
-    return FlowPublic.model_validate(v)

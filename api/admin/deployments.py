@@ -13,13 +13,14 @@ from typing import Annotated, Any
 
 from fastapi import APIRouter, Query, Request, Response, status
 
+from baton.control.catalogue import DeploymentStatusView, DeploymentView
 from baton.control.usecase import Actor
 from baton.core import models as m
 
 from . import convert
 from .deps import Admin, AdminPrincipal, Ctx, Paging, check_if_match, set_etag
 from .problems import ProblemRoute
-from .schemas import DeploymentCreate, DeploymentPublic, DeploymentStatus, DeploymentUpdate, Page
+from .schemas import DeploymentCreate, DeploymentUpdate, Page
 
 router = APIRouter(prefix="/deployments", tags=["deployments"], route_class=ProblemRoute)
 
@@ -38,38 +39,38 @@ def _actor(who: AdminPrincipal) -> Actor:
 
 
 
-@router.post("", status_code=status.HTTP_201_CREATED, response_model=DeploymentPublic)
-def create_deployment(*, body: DeploymentCreate, ctx: Ctx, who: Admin, response: Response) -> DeploymentPublic:
-    out = convert.deployment_public(ctx.control.catalogue.create_deployment(_actor(who), convert.new_deployment(body)))
+@router.post("", status_code=status.HTTP_201_CREATED, response_model=DeploymentView)
+def create_deployment(*, body: DeploymentCreate, ctx: Ctx, who: Admin, response: Response) -> DeploymentView:
+    out = ctx.control.catalogue.create_deployment(_actor(who), convert.new_deployment(body))
     set_etag(response, out.version)
     return out
 
 
-@router.get("", response_model=Page[DeploymentPublic])
+@router.get("", response_model=Page[DeploymentView])
 def list_deployments(*,
     ctx: Ctx, who: Admin, paging: Paging,
     model_id: Annotated[uuid.UUID | None, Query()] = None,
     desired_state: Annotated[m.DesiredState | None, Query()] = None,
     observed_state: Annotated[m.ObservedState | None, Query()] = None,
-) -> Page[DeploymentPublic]:
+) -> Page[DeploymentView]:
     page = ctx.control.catalogue.list_deployments(model_id=model_id, desired_state=desired_state,
                                                   observed_state=observed_state, limit=paging.limit,
                                                   offset=paging.offset)
-    return Page(data=[convert.deployment_public(v) for v in page.items], count=page.total, limit=page.limit,
+    return Page(data=list(page.items), count=page.total, limit=page.limit,
                 offset=page.offset)
 
 
-@router.get("/{deployment_id}", response_model=DeploymentPublic)
-def get_deployment(*, deployment_id: uuid.UUID, ctx: Ctx, who: Admin, response: Response) -> DeploymentPublic:
-    out = convert.deployment_public(ctx.control.catalogue.get_deployment(deployment_id))
+@router.get("/{deployment_id}", response_model=DeploymentView)
+def get_deployment(*, deployment_id: uuid.UUID, ctx: Ctx, who: Admin, response: Response) -> DeploymentView:
+    out = ctx.control.catalogue.get_deployment(deployment_id)
     set_etag(response, out.version)
     return out
 
 
-@router.get("/{deployment_id}/status", response_model=DeploymentStatus)
-def deployment_status(*, deployment_id: uuid.UUID, ctx: Ctx, who: Admin) -> DeploymentStatus:
+@router.get("/{deployment_id}/status", response_model=DeploymentStatusView)
+def deployment_status(*, deployment_id: uuid.UUID, ctx: Ctx, who: Admin) -> DeploymentStatusView:
     """What the reconciler last saw in Ray Serve for this deployment."""
-    return convert.deployment_status_public(ctx.control.catalogue.deployment_status(deployment_id))
+    return ctx.control.catalogue.deployment_status(deployment_id)
 
 
 @router.get("/{deployment_id}/serve-config")
@@ -79,27 +80,25 @@ def deployment_serve_config(*, deployment_id: uuid.UUID, ctx: Ctx, who: Admin) -
     return out
 
 
-@router.patch("/{deployment_id}", response_model=DeploymentPublic)
+@router.patch("/{deployment_id}", response_model=DeploymentView)
 def update_deployment(*, deployment_id: uuid.UUID, body: DeploymentUpdate, ctx: Ctx, who: Admin, request: Request,
-                      response: Response) -> DeploymentPublic:
+                      response: Response) -> DeploymentView:
     """Change the mode, pools, engine settings, KV connector, tiers, SLO policy or desired state."""
-    view = ctx.control.catalogue.update_deployment(_actor(who), deployment_id, convert.deployment_changes(body),
+    out = ctx.control.catalogue.update_deployment(_actor(who), deployment_id, convert.deployment_changes(body),
                                                    expect=lambda v: check_if_match(request, v))
-    out = convert.deployment_public(view)
     set_etag(response, out.version)
     return out
 
 
-@router.delete("/{deployment_id}", status_code=status.HTTP_202_ACCEPTED, response_model=DeploymentPublic)
+@router.delete("/{deployment_id}", status_code=status.HTTP_202_ACCEPTED, response_model=DeploymentView)
 def delete_deployment(*, deployment_id: uuid.UUID, ctx: Ctx, who: Admin, request: Request, response: Response,
                       force: Annotated[bool, Query(description="Delete even though it served requests in the "
                                                                "last 15 minutes (409 without).")] = False,
-                      ) -> DeploymentPublic:
+                      ) -> DeploymentView:
     """Marks the deployment deleted; it disappears once Ray Serve no longer runs it (202). One that served
     requests in the last 15 minutes needs ``force=true``."""
-    view = ctx.control.catalogue.delete_deployment(_actor(who), deployment_id,
+    out = ctx.control.catalogue.delete_deployment(_actor(who), deployment_id,
                                                    expect=lambda v: check_if_match(request, v), force=force)
-    out = convert.deployment_public(view)
     set_etag(response, out.version)
     return out
 

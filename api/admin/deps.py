@@ -1,7 +1,7 @@
 """What admin routes depend on: the wiring (:class:`AdminContext`), the admin principal, ETags, paging.
 
 The app's lifespan puts its composition root on ``app.state.services``
-(:class:`baton.api.services.AppServices`); tests may put an :class:`AdminContext` on ``app.state.admin``.
+(:class:`baton.api.composition.AppServices`); tests may put an :class:`AdminContext` on ``app.state.admin``.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from baton.core.secrets import ADMIN_PREFIX, KEY_PREFIX, hash_secret
 from baton.core.settings import Settings
 
 if TYPE_CHECKING:
-    from baton.api.services import AppServices
+    from baton.api.composition import AppServices
 
 
 @dataclass

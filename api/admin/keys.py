@@ -15,7 +15,7 @@ from baton.control.tenancy import AdminTokenView
 from ._common import actor
 from .deps import Admin, Ctx
 from .problems import ProblemRoute
-from .schemas import AdminTokenCreate, AdminTokenIssued, AdminTokenPublic, KeyCreate, KeyIssued, KeyPublic, KeyRotate
+from .schemas import AdminTokenCreate, AdminTokenIssued, KeyCreate, KeyIssued, KeyPublic, KeyRotate
 
 router = APIRouter(tags=["api keys"], route_class=ProblemRoute)
 
@@ -65,20 +65,16 @@ def rotate_key(*, tenant_id: uuid.UUID, key_id: uuid.UUID, ctx: Ctx, who: Admin,
 
 # --- admin tokens -----------------------------------------------------------------------------------
 
-def _token(v: AdminTokenView) -> AdminTokenPublic:
-    return AdminTokenPublic.model_validate(v)
-
-
 @router.post("/admin-tokens", status_code=status.HTTP_201_CREATED, response_model=AdminTokenIssued,
              tags=["admin tokens"])
 def create_admin_token(*, body: AdminTokenCreate, ctx: Ctx, who: Admin) -> AdminTokenIssued:
     issued = ctx.control.tenancy.create_admin_token(actor(who), body.name)
-    return AdminTokenIssued(token=_token(issued.token), secret=issued.secret)
+    return AdminTokenIssued(token=issued.token, secret=issued.secret)
 
 
-@router.get("/admin-tokens", response_model=list[AdminTokenPublic], tags=["admin tokens"])
-def list_admin_tokens(*, ctx: Ctx, who: Admin) -> list[AdminTokenPublic]:
-    return [_token(v) for v in ctx.control.tenancy.list_admin_tokens()]
+@router.get("/admin-tokens", response_model=list[AdminTokenView], tags=["admin tokens"])
+def list_admin_tokens(*, ctx: Ctx, who: Admin) -> list[AdminTokenView]:
+    return list(ctx.control.tenancy.list_admin_tokens())
 
 
 @router.delete("/admin-tokens/{token_id}", status_code=status.HTTP_204_NO_CONTENT, tags=["admin tokens"])

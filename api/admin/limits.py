@@ -12,33 +12,29 @@ from baton.control.tenancy import Limits, RateLimitView
 from ._common import actor
 from .deps import Admin, Ctx
 from .problems import ProblemRoute
-from .schemas import RateLimitPublic, RateLimitSet
+from .schemas import RateLimitSet
 
 router = APIRouter(prefix="/tenants/{tenant_id}", tags=["rate limits"], route_class=ProblemRoute)
 
 
-def public(v: RateLimitView) -> RateLimitPublic:
-    return RateLimitPublic.model_validate(v)
-
-
-@router.put("/rate-limit", response_model=RateLimitPublic)
-def set_tenant_limit(*, tenant_id: uuid.UUID, body: RateLimitSet, ctx: Ctx, who: Admin) -> RateLimitPublic:
+@router.put("/rate-limit", response_model=RateLimitView)
+def set_tenant_limit(*, tenant_id: uuid.UUID, body: RateLimitSet, ctx: Ctx, who: Admin) -> RateLimitView:
     """Tenant-wide limits (a null field means no limit of that kind)."""
-    return public(ctx.control.tenancy.set_rate_limit(actor(who), tenant_id, Limits(**body.model_dump())))
+    return ctx.control.tenancy.set_rate_limit(actor(who), tenant_id, Limits(**body.model_dump()))
 
 
-@router.put("/keys/{key_id}/rate-limit", response_model=RateLimitPublic)
+@router.put("/keys/{key_id}/rate-limit", response_model=RateLimitView)
 def set_key_limit(
     *, tenant_id: uuid.UUID, key_id: uuid.UUID, body: RateLimitSet, ctx: Ctx, who: Admin
-) -> RateLimitPublic:
+) -> RateLimitView:
     """Limits for one key, on top of the tenant's."""
-    return public(ctx.control.tenancy.set_rate_limit(actor(who), tenant_id, Limits(**body.model_dump()),
-                                                     key_id=key_id))
+    return ctx.control.tenancy.set_rate_limit(actor(who), tenant_id, Limits(**body.model_dump()),
+                                              key_id=key_id)
 
 
-@router.get("/rate-limits", response_model=list[RateLimitPublic])
-def list_limits(*, tenant_id: uuid.UUID, ctx: Ctx, who: Admin) -> list[RateLimitPublic]:
-    return [public(v) for v in ctx.control.tenancy.list_rate_limits(tenant_id)]
+@router.get("/rate-limits", response_model=list[RateLimitView])
+def list_limits(*, tenant_id: uuid.UUID, ctx: Ctx, who: Admin) -> list[RateLimitView]:
+    return list(ctx.control.tenancy.list_rate_limits(tenant_id))
 
 
 @router.delete("/rate-limits/{limit_id}", status_code=status.HTTP_204_NO_CONTENT)

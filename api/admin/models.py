@@ -9,6 +9,7 @@ from typing import Annotated, Literal
 import orjson
 from fastapi import APIRouter, Query, Request, Response, status
 
+from baton.control.catalogue import ModelView
 from baton.control.pd_cost_model import render_plot
 from baton.control.planning import PlanRequest
 from baton.control.usecase import Actor
@@ -16,7 +17,7 @@ from baton.control.usecase import Actor
 from . import convert
 from .deps import Admin, AdminPrincipal, Ctx, Paging, check_if_match, set_etag
 from .problems import ProblemRoute
-from .schemas import ModelCreate, ModelPublic, ModelUpdate, Page
+from .schemas import ModelCreate, ModelUpdate, Page
 
 router = APIRouter(prefix="/models", tags=["models"], route_class=ProblemRoute)
 
@@ -31,35 +32,34 @@ def _actor(who: AdminPrincipal) -> Actor:
 
 
 
-@router.post("", status_code=status.HTTP_201_CREATED, response_model=ModelPublic)
-def create_model(*, body: ModelCreate, ctx: Ctx, who: Admin, response: Response) -> ModelPublic:
-    out = convert.model_public(ctx.control.catalogue.create_model(_actor(who), convert.new_model(body)))
+@router.post("", status_code=status.HTTP_201_CREATED, response_model=ModelView)
+def create_model(*, body: ModelCreate, ctx: Ctx, who: Admin, response: Response) -> ModelView:
+    out = ctx.control.catalogue.create_model(_actor(who), convert.new_model(body))
     set_etag(response, out.version)
     return out
 
 
-@router.get("", response_model=Page[ModelPublic])
+@router.get("", response_model=Page[ModelView])
 def list_models(*, ctx: Ctx, who: Admin, paging: Paging,
-                name: Annotated[str | None, Query(max_length=200)] = None) -> Page[ModelPublic]:
+                name: Annotated[str | None, Query(max_length=200)] = None) -> Page[ModelView]:
     page = ctx.control.catalogue.list_models(name_contains=name, limit=paging.limit, offset=paging.offset)
-    return Page(data=[convert.model_public(v) for v in page.items], count=page.total, limit=page.limit,
+    return Page(data=list(page.items), count=page.total, limit=page.limit,
                 offset=page.offset)
 
 
-@router.get("/{model_id}", response_model=ModelPublic)
-def get_model(*, model_id: uuid.UUID, ctx: Ctx, who: Admin, response: Response) -> ModelPublic:
-    out = convert.model_public(ctx.control.catalogue.get_model(model_id))
+@router.get("/{model_id}", response_model=ModelView)
+def get_model(*, model_id: uuid.UUID, ctx: Ctx, who: Admin, response: Response) -> ModelView:
+    out = ctx.control.catalogue.get_model(model_id)
     set_etag(response, out.version)
     return out
 
 
-@router.patch("/{model_id}", response_model=ModelPublic)
+@router.patch("/{model_id}", response_model=ModelView)
 def update_model(*, model_id: uuid.UUID, body: ModelUpdate, ctx: Ctx, who: Admin, request: Request,
-                 response: Response) -> ModelPublic:
+                 response: Response) -> ModelView:
     """Changing the source or shape re-renders the model's deployments (a reconcile follows)."""
-    view = ctx.control.catalogue.update_model(_actor(who), model_id, convert.model_changes(body),
+    out = ctx.control.catalogue.update_model(_actor(who), model_id, convert.model_changes(body),
                                               expect=lambda v: check_if_match(request, v))
-    out = convert.model_public(view)
     set_etag(response, out.version)
     return out
 

@@ -8,6 +8,8 @@ from typing import Any, Generic, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from baton.control.tenancy import AdminTokenView
+
 T = TypeVar("T")
 
 Slug = Field(pattern=r"^[a-z0-9][a-z0-9-]{0,62}$", min_length=1, max_length=63)
@@ -44,17 +46,6 @@ class TenantUpdate(_In):
     status: Literal["active", "suspended"] | None = None
 
 
-class TenantPublic(_Out):
-    id: uuid.UUID
-    name: str
-    display_name: str
-    status: str
-    settings: dict[str, Any]
-    version: int
-    created_at: dt.datetime
-    updated_at: dt.datetime
-
-
 # --- users ------------------------------------------------------------------------------------------
 
 class UserCreate(_In):
@@ -68,16 +59,6 @@ class UserUpdate(_In):
     role: Literal["tenant_admin", "tenant_member"] | None = None
     disabled: bool | None = None
     password: str | None = Field(None, min_length=1, max_length=256, description="As on creation.")
-
-
-class UserPublic(_Out):
-    id: uuid.UUID
-    tenant_id: uuid.UUID | None
-    email: str
-    role: str
-    disabled: bool
-    created_at: dt.datetime
-    last_login_at: dt.datetime | None
 
 
 # --- keys -------------------------------------------------------------------------------------------
@@ -158,25 +139,6 @@ class ModelUpdate(_In):
     chat_template: str | None = ChatTemplateField
 
 
-class ModelPublic(_Out):
-    id: uuid.UUID
-    name: str
-    source: str
-    context_length: int
-    num_layers: int
-    num_kv_heads: int
-    head_dim: int
-    dtype: str
-    params_b: float | None
-    kind: str
-    tool_call_parser: str | None
-    reasoning_parser: str | None
-    chat_template: str | None
-    version: int
-    created_at: dt.datetime
-    updated_at: dt.datetime
-
-
 # --- deployments ------------------------------------------------------------------------------------
 
 class ReplicaRange(_In):
@@ -214,41 +176,6 @@ class DeploymentUpdate(_In):
     desired_state: Literal["running", "stopped"] | None = None
 
 
-class DeploymentPublic(_Out):
-    id: uuid.UUID
-    name: str
-    model_id: uuid.UUID
-    mode: str
-    prefill: ReplicaRange
-    decode: ReplicaRange
-    engine: dict[str, Any]
-    kv_connector: str | None
-    lmcache: dict[str, Any] | None
-    device_profile: str
-    slo_policy_id: uuid.UUID | None
-    desired_state: str
-    observed_state: str
-    observed_reason: str | None
-    observed_at: dt.datetime | None
-    generation: int
-    observed_generation: int
-    version: int
-    created_at: dt.datetime
-    updated_at: dt.datetime
-
-
-class DeploymentStatus(_Out):
-    id: uuid.UUID
-    name: str
-    desired_state: str
-    observed_state: str
-    observed_reason: str | None
-    observed_at: dt.datetime | None
-    generation: int
-    observed_generation: int
-    up_to_date: bool = Field(description="Serve runs the current generation and the states agree.")
-
-
 # --- SLO --------------------------------------------------------------------------------------------
 
 WEIGHT_HELP = "Share of the priority band's tokens relative to other tenants' weights (1 = equal)."
@@ -281,22 +208,6 @@ class SloPolicyUpdate(_In):
     max_waiting: int | None = Field(None, ge=1, le=100_000, description=MAX_WAITING_HELP + " Null clears it.")
 
 
-class SloPolicyPublic(_Out):
-    id: uuid.UUID
-    name: str
-    ttft_ms: int
-    tpot_ms: int
-    percentile: float
-    priority: int
-    sheddable: bool
-    weight: float
-    max_wait_s: float | None = Field(description=MAX_WAIT_HELP)
-    max_waiting: int | None = Field(description=MAX_WAITING_HELP)
-    version: int
-    created_at: dt.datetime
-    updated_at: dt.datetime
-
-
 class SloAssignmentCreate(_In):
     policy_id: uuid.UUID
     tenant_id: uuid.UUID | None = None
@@ -309,24 +220,6 @@ class SloAssignmentCreate(_In):
         return self
 
 
-class SloAssignmentPublic(_Out):
-    id: uuid.UUID
-    policy_id: uuid.UUID
-    tenant_id: uuid.UUID | None
-    model_id: uuid.UUID | None
-    created_at: dt.datetime
-
-
-class AdmissionPublic(_Out):
-    slo_class: str
-    priority: int
-    sheddable: bool
-    weight: float
-    ttft_ms: int | None
-    tpot_ms: int | None
-    shed_threshold: float = Field(description="Load (in-flight / capacity) from which requests are refused.")
-
-
 # --- rate limits ------------------------------------------------------------------------------------
 
 class RateLimitSet(_In):
@@ -337,17 +230,6 @@ class RateLimitSet(_In):
         None, ge=1, le=2_147_483_647, description="One request's tokens at most: its prompt and the completion it "
         "may ask for (`max_tokens`, or what is left of the cap when it gives none), together; a larger request "
         "is a 400 before an engine sees it.")
-
-
-class RateLimitPublic(_Out):
-    id: uuid.UUID
-    tenant_id: uuid.UUID
-    api_key_id: uuid.UUID | None
-    requests_per_minute: int | None
-    tokens_per_minute: int | None
-    max_concurrency: int | None
-    max_tokens_per_request: int | None
-    updated_at: dt.datetime
 
 
 # --- usage, requests, audit, jobs -------------------------------------------------------------------
@@ -437,71 +319,6 @@ class JobPublic(_Out):
 
 # --- flow control -----------------------------------------------------------------------------------
 
-class FlowBandPublic(_Out):
-    priority: int = Field(description="The band: the tenants' SLO priority (0-100); a higher band goes first.")
-    waiting: int = Field(description="Requests waiting in this band, all gateway processes together.")
-
-
-class FlowTenantPublic(_Out):
-    tenant_id: uuid.UUID
-    tenant_name: str | None = Field(description="The tenant's name (null: no such tenant any more).")
-    display_name: str | None = Field(description="The tenant's display name.")
-    running: int = Field(description="Its requests upstream now.")
-    waiting: int = Field(description="Its requests waiting in the queue now.")
-    prompt_tokens: int = Field(description="Prompt tokens sent upstream, since each gateway process started.")
-    completion_tokens: int = Field(description="Tokens generated (decode), since each gateway process started.")
-    queued_s: float = Field(description="Seconds its started requests waited in the queue, summed.")
-    rejected: dict[str, int] = Field(description="Refusals by reason (`queue_full`, `ttl`, `backlog`, `slo`).")
-    token_share: float | None = Field(description="Its share of the model's tokens (prompt and generated "
-                                      "together), 0-1; null while no tokens were served.")
-
-
-class FlowProcessPublic(_Out):
-    process: str = Field(description="The gateway process (`host:pid`).")
-    limit: int | None = Field(description="Its learned concurrency limit (null: no view yet, limits only).")
-    part: float | None = Field(None, description="While a band has tenants waiting both in this process and in "
-                               "another: its weighted part of every process's limits, in requests (whole ones "
-                               "plus a slot kept busy for the fraction of the time); null: its own limit applies.")
-    running: int
-    waiting: int
-    dispatch_per_s: float | None = Field(description="Requests started per second (moving average).")
-    upstream_ttft_s: float | None = Field(description="Measured upstream time to first token (moving average).")
-    gradient: float | None = Field(None, description="The limit's latency gradient (1: no queueing upstream).")
-    tpot_floor_s: float | None = Field(None, description="The lowest time per output token seen (the floor).")
-    tpot_s: float | None = Field(None, description="The time per output token now.")
-    engine_pressure: str | None = Field(None, description="Why the engines' load reports hold its limit down "
-                                        "(their own queue, or a nearly full KV cache); null: they do not.")
-
-
-class FlowEnginePublic(_Out):
-    engine: str = Field(description="The engine (`host:pid` of its Serve replica).")
-    role: str = Field(description="Its pool: `prefill`, `decode`, or `both` (aggregated).")
-    running: float = Field(description="Requests in its running batch (mean over the time its last report covers).")
-    waiting: float = Field(description="Requests waiting in its own queue (mean over the same time).")
-    kv_usage: float = Field(description="Its KV cache's largest usage over the same time, 0-1.")
-    age_s: float = Field(description="Seconds since the report (a stepping engine reports every half second; "
-                         "an idle one once, when it goes idle).")
-
-
-class FlowModelPublic(_Out):
-    model: str
-    limit: int | None = Field(description="The processes' concurrency limits added up (null: none has one yet).")
-    running: int = Field(description="Requests upstream now, all processes together.")
-    waiting: int = Field(description="Requests waiting now, all processes together.")
-    bands: list[FlowBandPublic] = Field(description="Waiting per priority band, highest first.")
-    dispatch_per_s: float | None = Field(description="Requests started per second, all processes together.")
-    rejected: dict[str, int] = Field(description="Refusals by reason, all tenants together.")
-    tenants: list[FlowTenantPublic] = Field(description="Per tenant, most tokens first.")
-    processes: list[FlowProcessPublic] = Field(description="Each gateway process's own queue of the model.")
-    engines: list[FlowEnginePublic] = Field(default_factory=list,
-                                            description="The model's engines, as their latest load reports say.")
-
-
-class FlowPublic(_Out):
-    processes: list[str] = Field(description="The gateway processes whose views were read (each writes its "
-                                 "view every second; a stopped one drops out within seconds).")
-    models: list[FlowModelPublic] = Field(description="Each model's queues merged over the processes.")
-
 
 # --- admin tokens -----------------------------------------------------------------------------------
 
@@ -509,34 +326,12 @@ class AdminTokenCreate(_In):
     name: str = Field(min_length=1, max_length=100)
 
 
-class AdminTokenPublic(_Out):
-    id: uuid.UUID
-    name: str
-    prefix: str
-    created_at: dt.datetime
-    revoked_at: dt.datetime | None
-
-
 class AdminTokenIssued(_Out):
-    token: AdminTokenPublic
+    token: AdminTokenView
     secret: str = Field(description="The token itself. Shown once; Baton keeps only its hash.")
 
 
 # --- access requests --------------------------------------------------------------------------------
-
-class AccessRequestPublic(_Out):
-    id: uuid.UUID
-    tenant_id: uuid.UUID
-    tenant_name: str | None = None
-    model_id: uuid.UUID | None = Field(description="The model asked for; null: any model, the operator chooses.")
-    model: str | None = None
-    note: str | None
-    state: Literal["pending", "approved", "declined"]
-    requested_by: str
-    requested_at: dt.datetime
-    resolved_at: dt.datetime | None
-    resolved_by: str | None
-    reason: str | None
 
 
 class AccessApprove(_In):

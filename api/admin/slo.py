@@ -8,13 +8,13 @@ from typing import Annotated
 
 from fastapi import APIRouter, Query, Request, Response, status
 
-from baton.control.policies import PolicyChanges
+from baton.control.policies import AssignmentView, PolicyChanges, PolicyView
 from baton.control.usecase import Actor
 
 from . import convert
 from .deps import Admin, AdminPrincipal, Ctx, Paging, check_if_match, set_etag
 from .problems import ProblemRoute
-from .schemas import Page, SloAssignmentCreate, SloAssignmentPublic, SloPolicyCreate, SloPolicyPublic, SloPolicyUpdate
+from .schemas import Page, SloAssignmentCreate, SloPolicyCreate, SloPolicyUpdate
 
 router = APIRouter(tags=["slo"], route_class=ProblemRoute)
 
@@ -31,35 +31,34 @@ def _actor(who: AdminPrincipal) -> Actor:
 
 
 
-@router.post("/slo-policies", status_code=status.HTTP_201_CREATED, response_model=SloPolicyPublic)
-def create_policy(*, body: SloPolicyCreate, ctx: Ctx, who: Admin, response: Response) -> SloPolicyPublic:
-    out = convert.policy_public(ctx.control.slo.create_policy(_actor(who), convert.new_policy(body)))
+@router.post("/slo-policies", status_code=status.HTTP_201_CREATED, response_model=PolicyView)
+def create_policy(*, body: SloPolicyCreate, ctx: Ctx, who: Admin, response: Response) -> PolicyView:
+    out = ctx.control.slo.create_policy(_actor(who), convert.new_policy(body))
     set_etag(response, out.version)
     return out
 
 
-@router.get("/slo-policies", response_model=Page[SloPolicyPublic])
-def list_policies(*, ctx: Ctx, who: Admin, paging: Paging) -> Page[SloPolicyPublic]:
+@router.get("/slo-policies", response_model=Page[PolicyView])
+def list_policies(*, ctx: Ctx, who: Admin, paging: Paging) -> Page[PolicyView]:
     page = ctx.control.slo.list_policies(limit=paging.limit, offset=paging.offset)
-    return Page(data=[convert.policy_public(v) for v in page.items], count=page.total, limit=page.limit,
+    return Page(data=list(page.items), count=page.total, limit=page.limit,
                 offset=page.offset)
 
 
-@router.get("/slo-policies/{policy_id}", response_model=SloPolicyPublic)
-def get_policy(*, policy_id: uuid.UUID, ctx: Ctx, who: Admin, response: Response) -> SloPolicyPublic:
-    out = convert.policy_public(ctx.control.slo.get_policy(policy_id))
+@router.get("/slo-policies/{policy_id}", response_model=PolicyView)
+def get_policy(*, policy_id: uuid.UUID, ctx: Ctx, who: Admin, response: Response) -> PolicyView:
+    out = ctx.control.slo.get_policy(policy_id)
     set_etag(response, out.version)
     return out
 
 
-@router.patch("/slo-policies/{policy_id}", response_model=SloPolicyPublic)
+@router.patch("/slo-policies/{policy_id}", response_model=PolicyView)
 def update_policy(*, policy_id: uuid.UUID, body: SloPolicyUpdate, ctx: Ctx, who: Admin, request: Request,
-                  response: Response) -> SloPolicyPublic:
+                  response: Response) -> PolicyView:
     """New targets re-render the autoscaling of the deployments that use the policy."""
     changes = PolicyChanges.of(body.model_dump(exclude_unset=True))
-    view = ctx.control.slo.update_policy(_actor(who), policy_id, changes,
+    out = ctx.control.slo.update_policy(_actor(who), policy_id, changes,
                                          expect=lambda v: check_if_match(request, v))
-    out = convert.policy_public(view)
     set_etag(response, out.version)
     return out
 
@@ -70,18 +69,18 @@ def delete_policy(*, policy_id: uuid.UUID, ctx: Ctx, who: Admin, request: Reques
     return Response(status_code=status.HTTP_204_NO_CONTENT)
 
 
-@router.post("/slo-assignments", status_code=status.HTTP_201_CREATED, response_model=SloAssignmentPublic)
-def create_assignment(*, body: SloAssignmentCreate, ctx: Ctx, who: Admin) -> SloAssignmentPublic:
-    return convert.assignment_public(ctx.control.slo.create_assignment(_actor(who), convert.new_assignment(body)))
+@router.post("/slo-assignments", status_code=status.HTTP_201_CREATED, response_model=AssignmentView)
+def create_assignment(*, body: SloAssignmentCreate, ctx: Ctx, who: Admin) -> AssignmentView:
+    return ctx.control.slo.create_assignment(_actor(who), convert.new_assignment(body))
 
 
-@router.get("/slo-assignments", response_model=list[SloAssignmentPublic])
+@router.get("/slo-assignments", response_model=list[AssignmentView])
 def list_assignments(
     *, ctx: Ctx, who: Admin, tenant_id: Annotated[uuid.UUID | None, Query()] = None,
     model_id: Annotated[uuid.UUID | None, Query()] = None,
-) -> list[SloAssignmentPublic]:
+) -> list[AssignmentView]:
     views = ctx.control.slo.list_assignments(tenant_id=tenant_id, model_id=model_id)
-    return [convert.assignment_public(v) for v in views]
+    return list(views)
 
 
 @router.delete("/slo-assignments/{assignment_id}", status_code=status.HTTP_204_NO_CONTENT)

@@ -8,71 +8,67 @@ from typing import Annotated
 
 from fastapi import APIRouter, Path, Query, Request, Response, status
 
+from baton.control.catalogue import ModelView
+from baton.control.policies import AdmissionView
 from baton.control.tenancy import NewTenant, TenantChanges, TenantView
 from baton.core import models as m
 
 from ._common import actor
 from .deps import Admin, Ctx, Paging, check_if_match, set_etag
 from .problems import ProblemRoute
-from .schemas import AdmissionPublic, ModelPublic, Page, TenantCreate, TenantPublic, TenantUpdate
+from .schemas import Page, TenantCreate, TenantUpdate
 
 router = APIRouter(prefix="/tenants", tags=["tenants"], route_class=ProblemRoute)
 
 
-def public(t: TenantView) -> TenantPublic:
-    return TenantPublic(id=t.id, name=t.name, display_name=t.display_name, status=t.status,
-                        settings=dict(t.settings), version=t.version, created_at=t.created_at,
-                        updated_at=t.updated_at)
-
-
-def _etagged(response: Response, t: TenantView) -> TenantPublic:
+def _etagged(response: Response, t: TenantView) -> TenantView:
     set_etag(response, t.version)
-    return public(t)
+    return t
 
 
-@router.post("", status_code=status.HTTP_201_CREATED, response_model=TenantPublic)
-def create_tenant(*, body: TenantCreate, ctx: Ctx, who: Admin, response: Response) -> TenantPublic:
+@router.post("", status_code=status.HTTP_201_CREATED, response_model=TenantView)
+def create_tenant(*, body: TenantCreate, ctx: Ctx, who: Admin, response: Response) -> TenantView:
     t = ctx.control.tenancy.create_tenant(actor(who), NewTenant(body.name, body.display_name, body.settings))
     response.headers["Location"] = f"tenants/{t.id}"
     return _etagged(response, t)
 
 
-@router.get("", response_model=Page[TenantPublic])
+@router.get("", response_model=Page[TenantView])
 def list_tenants(*,
     ctx: Ctx, who: Admin, paging: Paging,
     status_: Annotated[m.TenantStatus | None, Query(alias="status")] = None,
     name: Annotated[str | None, Query(max_length=64, description="Substring of the name.")] = None,
-) -> Page[TenantPublic]:
+) -> Page[TenantView]:
     page = ctx.control.tenancy.list_tenants(status=status_, name_contains=name, limit=paging.limit,
                                             offset=paging.offset)
-    return Page(data=[public(t) for t in page.items], count=page.total, limit=page.limit, offset=page.offset)
+    return Page(data=list(page.items), count=page.total, limit=page.limit, offset=page.offset)
 
 
-@router.get("/{tenant_id}", response_model=TenantPublic)
-def get_tenant(*, tenant_id: uuid.UUID, ctx: Ctx, who: Admin, response: Response) -> TenantPublic:
+@router.get("/{tenant_id}", response_model=TenantView)
+def get_tenant(*, tenant_id: uuid.UUID, ctx: Ctx, who: Admin, response: Response) -> TenantView:
     return _etagged(response, ctx.control.tenancy.get_tenant(tenant_id))
 
 
-@router.patch("/{tenant_id}", response_model=TenantPublic)
+@router.patch("/{tenant_id}", response_model=TenantView)
 def update_tenant(*, tenant_id: uuid.UUID, body: TenantUpdate, ctx: Ctx, who: Admin, request: Request,
-                  response: Response) -> TenantPublic:
+                  response: Response) -> TenantView:
     changes = TenantChanges(**body.model_dump(exclude_unset=True, exclude_none=True))
     t = ctx.control.tenancy.update_tenant(actor(who), tenant_id, changes,
                                           expect=lambda v: check_if_match(request, v))
     return _etagged(response, t)
 
 
-@router.post("/{tenant_id}/suspend", response_model=TenantPublic)
+@router.post("/{tenant_id}/suspend", response_model=TenantView)
 def suspend_tenant(*, tenant_id: uuid.UUID, ctx: Ctx, who: Admin, request: Request,
-                   response: Response) -> TenantPublic:
+                   response: Response) -> TenantView:
     """Suspended tenants' keys stop working at once (every gateway is told)."""
     return _etagged(response, ctx.control.tenancy.suspend(actor(who), tenant_id,
                                                           expect=lambda v: check_if_match(request, v)))
 
 
-@router.post("/{tenant_id}/resume", response_model=TenantPublic)
+@router.post("/{tenant_id}/resume", response_model=TenantView)
 def resume_tenant(*, tenant_id: uuid.UUID, ctx: Ctx, who: Admin, request: Request,
-                  response: Response) -> TenantPublic:
+                  response: Response) -> TenantView:
     return _etagged(response, ctx.control.tenancy.resume(actor(who), tenant_id,
                                                          expect=lambda v: check_if_match(request, v)))
 
@@ -90,9 +86,9 @@ def delete_tenant(*, tenant_id: uuid.UUID, ctx: Ctx, who: Admin, request: Reques
 
 # --- model grants -----------------------------------------------------------------------------------
 
-@router.get("/{tenant_id}/models", response_model=list[ModelPublic])
-def list_grants(*, tenant_id: uuid.UUID, ctx: Ctx, who: Admin) -> list[ModelPublic]:
-    return [ModelPublic.model_validate(v) for v in ctx.control.tenancy.list_grants(tenant_id)]
+@router.get("/{tenant_id}/models", response_model=list[ModelView])
+def list_grants(*, tenant_id: uuid.UUID, ctx: Ctx, who: Admin) -> list[ModelView]:
+    return list(ctx.control.tenancy.list_grants(tenant_id))
 
 
 ModelRef = Annotated[str, Path(max_length=128, description="The model's id or its name.")]
@@ -113,9 +109,9 @@ def revoke_model(*, tenant_id: uuid.UUID, model: ModelRef, ctx: Ctx, who: Admin)
     return Response(status_code=status.HTTP_204_NO_CONTENT)
 
 
-@router.get("/{tenant_id}/admission", response_model=AdmissionPublic)
+@router.get("/{tenant_id}/admission", response_model=AdmissionView)
 def tenant_admission(*,
     tenant_id: uuid.UUID, ctx: Ctx, who: Admin, model_id: Annotated[uuid.UUID | None, Query()] = None
-) -> AdmissionPublic:
+) -> AdmissionView:
     """How the gateway admits this tenant's traffic (the SLO class in force, and when it is shed)."""
-    return AdmissionPublic.model_validate(ctx.control.slo.admission(tenant_id, model_id))
+    return ctx.control.slo.admission(tenant_id, model_id)

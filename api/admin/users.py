@@ -13,31 +13,27 @@ from baton.core.passwords import hash_password
 from ._common import actor
 from .deps import Admin, Ctx
 from .problems import ProblemRoute
-from .schemas import UserCreate, UserPublic, UserUpdate
+from .schemas import UserCreate, UserUpdate
 
 router = APIRouter(prefix="/tenants/{tenant_id}/users", tags=["users"], route_class=ProblemRoute)
 
 
-def public(u: UserView) -> UserPublic:
-    return UserPublic.model_validate(u)
-
-
-@router.post("", status_code=status.HTTP_201_CREATED, response_model=UserPublic)
-def create_user(*, tenant_id: uuid.UUID, body: UserCreate, ctx: Ctx, who: Admin) -> UserPublic:
+@router.post("", status_code=status.HTTP_201_CREATED, response_model=UserView)
+def create_user(*, tenant_id: uuid.UUID, body: UserCreate, ctx: Ctx, who: Admin) -> UserView:
     new = NewUser(email=body.email, password_hash=hash_password(body.password), role=body.role)
-    return public(ctx.control.tenancy.create_user(actor(who), tenant_id, new))
+    return ctx.control.tenancy.create_user(actor(who), tenant_id, new)
 
 
-@router.get("", response_model=list[UserPublic])
-def list_users(*, tenant_id: uuid.UUID, ctx: Ctx, who: Admin) -> list[UserPublic]:
-    return [public(u) for u in ctx.control.tenancy.list_users(tenant_id)]
+@router.get("", response_model=list[UserView])
+def list_users(*, tenant_id: uuid.UUID, ctx: Ctx, who: Admin) -> list[UserView]:
+    return list(ctx.control.tenancy.list_users(tenant_id))
 
 
-@router.patch("/{user_id}", response_model=UserPublic)
-def update_user(*, tenant_id: uuid.UUID, user_id: uuid.UUID, body: UserUpdate, ctx: Ctx, who: Admin) -> UserPublic:
+@router.patch("/{user_id}", response_model=UserView)
+def update_user(*, tenant_id: uuid.UUID, user_id: uuid.UUID, body: UserUpdate, ctx: Ctx, who: Admin) -> UserView:
     changes = UserChanges(role=body.role, disabled=body.disabled,
                           password_hash=hash_password(body.password) if body.password is not None else None)
-    return public(ctx.control.tenancy.update_user(actor(who), tenant_id, user_id, changes))
+    return ctx.control.tenancy.update_user(actor(who), tenant_id, user_id, changes)
 
 
 @router.delete("/{user_id}", status_code=status.HTTP_204_NO_CONTENT)

@@ -2,7 +2,7 @@
 
 ``baton.api.console.router:router`` holds the JSON API (``/console/api``) and the built front end
 (``/console/``, from ``web/dist``). The API process wires it from its composition
-root (:mod:`baton.api.services`).
+root (:mod:`baton.api.composition`).
 """
 
 from __future__ import annotations

@@ -17,7 +17,7 @@ from baton.core.db import Database
 from baton.core.settings import Settings
 
 if TYPE_CHECKING:
-    from baton.api.services import AppServices
+    from baton.api.composition import AppServices
 
 log = logging.getLogger(__name__)
 

@@ -20,27 +20,22 @@ from baton.api.admin import convert
 from baton.api.admin.deps import PageParams, Paging, check_if_match, set_etag
 from baton.api.admin.schemas import (
     DeploymentCreate,
-    DeploymentPublic,
-    DeploymentStatus,
     DeploymentUpdate,
     JobPublic,
     ModelCreate,
-    ModelPublic,
     ModelUpdate,
     Page,
     RequestPublic,
     SloAssignmentCreate,
-    SloAssignmentPublic,
     SloPolicyCreate,
-    SloPolicyPublic,
     SloPolicyUpdate,
 )
 from baton.api.console.auth import ConsoleUser
-from baton.api.console.routes import ConsoleRoute, Ctx, OperatorUser
-from baton.control.catalogue import DeploymentView
+from baton.api.console.common import ConsoleRoute, Ctx, OperatorUser
+from baton.control.catalogue import DeploymentStatusView, DeploymentView, ModelView
 from baton.control.pd_cost_model import render_plot
 from baton.control.planning import PlanRequest
-from baton.control.policies import PolicyChanges
+from baton.control.policies import AssignmentView, PolicyChanges, PolicyView
 from baton.control.records import RequestFilter, request_records
 from baton.control.usecase import Actor
 from baton.control.views import Precondition
@@ -68,14 +63,6 @@ def _if_match(request: Request) -> Precondition:
     return lambda version: check_if_match(request, version)
 
 
-class OperatorDeployment(DeploymentPublic):
-    model: str | None = None
-
-
-def _deployment(v: DeploymentView) -> OperatorDeployment:
-    return OperatorDeployment(**convert.deployment_public(v).model_dump(), model=v.model)
-
-
 # --- overview ---------------------------------------------------------------------------------------
 
 @router.get("/overview")
@@ -93,34 +80,33 @@ def overview(ctx: Ctx, user: OperatorUser) -> dict[str, Any]:
 
 # --- models -----------------------------------------------------------------------------------------
 
-@router.get("/models", response_model=list[ModelPublic])
-def list_models(ctx: Ctx, user: OperatorUser) -> list[ModelPublic]:
+@router.get("/models", response_model=list[ModelView])
+def list_models(ctx: Ctx, user: OperatorUser) -> list[ModelView]:
     page = ctx.control.catalogue.list_models(limit=ALL.limit, offset=ALL.offset)
-    return [convert.model_public(v) for v in page.items]
+    return list(page.items)
 
 
-@router.post("/models", status_code=201, response_model=ModelPublic)
+@router.post("/models", status_code=201, response_model=ModelView)
 def create_model(body: ModelCreate, ctx: Ctx, request: Request, user: OperatorUser,
-                 response: Response) -> ModelPublic:
-    out = convert.model_public(ctx.control.catalogue.create_model(_actor(request, user), convert.new_model(body)))
+                 response: Response) -> ModelView:
+    out = ctx.control.catalogue.create_model(_actor(request, user), convert.new_model(body))
     set_etag(response, out.version)
     return out
 
 
-@router.get("/models/{model_id}", response_model=ModelPublic)
-def get_model(model_id: uuid.UUID, ctx: Ctx, user: OperatorUser, response: Response) -> ModelPublic:
-    out = convert.model_public(ctx.control.catalogue.get_model(model_id))
+@router.get("/models/{model_id}", response_model=ModelView)
+def get_model(model_id: uuid.UUID, ctx: Ctx, user: OperatorUser, response: Response) -> ModelView:
+    out = ctx.control.catalogue.get_model(model_id)
     set_etag(response, out.version)
     return out
 
 
-@router.patch("/models/{model_id}", response_model=ModelPublic)
+@router.patch("/models/{model_id}", response_model=ModelView)
 def update_model(*, model_id: uuid.UUID, body: ModelUpdate, ctx: Ctx, request: Request, user: OperatorUser,
-                 response: Response) -> ModelPublic:
+                 response: Response) -> ModelView:
     """Changing the source or shape re-renders the model's deployments (a reconcile follows)."""
-    view = ctx.control.catalogue.update_model(_actor(request, user), model_id, convert.model_changes(body),
+    out = ctx.control.catalogue.update_model(_actor(request, user), model_id, convert.model_changes(body),
                                               expect=_if_match(request))
-    out = convert.model_public(view)
     set_etag(response, out.version)
     return out
 
@@ -145,18 +131,17 @@ def plan_model(model_id: uuid.UUID, ctx: Ctx, user: OperatorUser, body: PlanRequ
 
 # --- deployments ------------------------------------------------------------------------------------
 
-@router.get("/deployments", response_model=list[OperatorDeployment])
-def list_deployments(ctx: Ctx, user: OperatorUser) -> list[OperatorDeployment]:
+@router.get("/deployments", response_model=list[DeploymentView])
+def list_deployments(ctx: Ctx, user: OperatorUser) -> list[DeploymentView]:
     """Every deployment, with its model's name."""
     page = ctx.control.catalogue.list_deployments(limit=ALL.limit, offset=ALL.offset)
-    return [_deployment(v) for v in page.items]
+    return list(page.items)
 
 
-@router.post("/deployments", status_code=201, response_model=DeploymentPublic)
+@router.post("/deployments", status_code=201, response_model=DeploymentView)
 def create_deployment(body: DeploymentCreate, ctx: Ctx, request: Request, user: OperatorUser,
-                      response: Response) -> DeploymentPublic:
-    view = ctx.control.catalogue.create_deployment(_actor(request, user), convert.new_deployment(body))
-    out = convert.deployment_public(view)
+                      response: Response) -> DeploymentView:
+    out = ctx.control.catalogue.create_deployment(_actor(request, user), convert.new_deployment(body))
     set_etag(response, out.version)
     return out
 
@@ -168,18 +153,18 @@ def request_reconcile(ctx: Ctx, request: Request, user: OperatorUser) -> dict[st
     return {"status": "queued"}
 
 
-@router.get("/deployments/{deployment_id}", response_model=OperatorDeployment)
+@router.get("/deployments/{deployment_id}", response_model=DeploymentView)
 def get_deployment(deployment_id: uuid.UUID, ctx: Ctx, user: OperatorUser,
-                   response: Response) -> OperatorDeployment:
-    out = _deployment(ctx.control.catalogue.get_deployment(deployment_id))
+                   response: Response) -> DeploymentView:
+    out = ctx.control.catalogue.get_deployment(deployment_id)
     set_etag(response, out.version)
     return out
 
 
-@router.get("/deployments/{deployment_id}/status", response_model=DeploymentStatus)
-def deployment_status(deployment_id: uuid.UUID, ctx: Ctx, user: OperatorUser) -> DeploymentStatus:
+@router.get("/deployments/{deployment_id}/status", response_model=DeploymentStatusView)
+def deployment_status(deployment_id: uuid.UUID, ctx: Ctx, user: OperatorUser) -> DeploymentStatusView:
     """What the reconciler last saw in Ray Serve for this deployment."""
-    return convert.deployment_status_public(ctx.control.catalogue.deployment_status(deployment_id))
+    return ctx.control.catalogue.deployment_status(deployment_id)
 
 
 @router.get("/deployments/{deployment_id}/serve-config")
@@ -189,24 +174,22 @@ def deployment_serve_config(deployment_id: uuid.UUID, ctx: Ctx, user: OperatorUs
     return out
 
 
-@router.patch("/deployments/{deployment_id}", response_model=DeploymentPublic)
+@router.patch("/deployments/{deployment_id}", response_model=DeploymentView)
 def update_deployment(*, deployment_id: uuid.UUID, body: DeploymentUpdate, ctx: Ctx, request: Request,
-                      user: OperatorUser, response: Response) -> DeploymentPublic:
-    view = ctx.control.catalogue.update_deployment(
+                      user: OperatorUser, response: Response) -> DeploymentView:
+    out = ctx.control.catalogue.update_deployment(
         _actor(request, user), deployment_id, convert.deployment_changes(body), expect=_if_match(request))
-    out = convert.deployment_public(view)
     set_etag(response, out.version)
     return out
 
 
-@router.delete("/deployments/{deployment_id}", response_model=DeploymentPublic)
+@router.delete("/deployments/{deployment_id}", response_model=DeploymentView)
 def delete_deployment(deployment_id: uuid.UUID, ctx: Ctx, request: Request, user: OperatorUser, *,
-                      response: Response, force: bool = False) -> DeploymentPublic:
+                      response: Response, force: bool = False) -> DeploymentView:
     """Marks the deployment deleted; it disappears once Ray Serve no longer runs it. One that served requests
     in the last 15 minutes needs ``force=true`` (the page asks the operator to type its name)."""
-    view = ctx.control.catalogue.delete_deployment(_actor(request, user), deployment_id, expect=_if_match(request),
+    out = ctx.control.catalogue.delete_deployment(_actor(request, user), deployment_id, expect=_if_match(request),
                                                    force=force)
-    out = convert.deployment_public(view)
     set_etag(response, out.version)
     return out
 
@@ -218,33 +201,32 @@ def list_policies(ctx: Ctx, user: OperatorUser) -> dict[str, Any]:
     """Every policy, and every assignment of one."""
     page = ctx.control.slo.list_policies(limit=ALL.limit, offset=ALL.offset)
     return {
-        "policies": _dump([convert.policy_public(v) for v in page.items]),
-        "assignments": _dump([convert.assignment_public(v) for v in ctx.control.slo.list_assignments()]),
+        "policies": list(page.items),
+        "assignments": list(ctx.control.slo.list_assignments()),
     }
 
 
-@router.post("/slo-policies", status_code=201, response_model=SloPolicyPublic)
+@router.post("/slo-policies", status_code=201, response_model=PolicyView)
 def create_policy(body: SloPolicyCreate, ctx: Ctx, request: Request, user: OperatorUser,
-                  response: Response) -> SloPolicyPublic:
-    out = convert.policy_public(ctx.control.slo.create_policy(_actor(request, user), convert.new_policy(body)))
+                  response: Response) -> PolicyView:
+    out = ctx.control.slo.create_policy(_actor(request, user), convert.new_policy(body))
     set_etag(response, out.version)
     return out
 
 
-@router.get("/slo-policies/{policy_id}", response_model=SloPolicyPublic)
-def get_policy(policy_id: uuid.UUID, ctx: Ctx, user: OperatorUser, response: Response) -> SloPolicyPublic:
-    out = convert.policy_public(ctx.control.slo.get_policy(policy_id))
+@router.get("/slo-policies/{policy_id}", response_model=PolicyView)
+def get_policy(policy_id: uuid.UUID, ctx: Ctx, user: OperatorUser, response: Response) -> PolicyView:
+    out = ctx.control.slo.get_policy(policy_id)
     set_etag(response, out.version)
     return out
 
 
-@router.patch("/slo-policies/{policy_id}", response_model=SloPolicyPublic)
+@router.patch("/slo-policies/{policy_id}", response_model=PolicyView)
 def update_policy(*, policy_id: uuid.UUID, body: SloPolicyUpdate, ctx: Ctx, request: Request, user: OperatorUser,
-                  response: Response) -> SloPolicyPublic:
+                  response: Response) -> PolicyView:
     """New targets re-render the autoscaling of the deployments that use the policy."""
     changes = PolicyChanges.of(body.model_dump(exclude_unset=True))
-    view = ctx.control.slo.update_policy(_actor(request, user), policy_id, changes, expect=_if_match(request))
-    out = convert.policy_public(view)
+    out = ctx.control.slo.update_policy(_actor(request, user), policy_id, changes, expect=_if_match(request))
     set_etag(response, out.version)
     return out
 
@@ -256,10 +238,9 @@ def delete_policy(policy_id: uuid.UUID, ctx: Ctx, request: Request, user: Operat
     return Response(status_code=204)
 
 
-@router.post("/slo-assignments", status_code=201, response_model=SloAssignmentPublic)
-def create_assignment(body: SloAssignmentCreate, ctx: Ctx, request: Request, user: OperatorUser) -> SloAssignmentPublic:
-    return convert.assignment_public(
-        ctx.control.slo.create_assignment(_actor(request, user), convert.new_assignment(body)))
+@router.post("/slo-assignments", status_code=201, response_model=AssignmentView)
+def create_assignment(body: SloAssignmentCreate, ctx: Ctx, request: Request, user: OperatorUser) -> AssignmentView:
+    return ctx.control.slo.create_assignment(_actor(request, user), convert.new_assignment(body))
 
 
 @router.delete("/slo-assignments/{assignment_id}", status_code=204)

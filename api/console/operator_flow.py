@@ -5,14 +5,13 @@ from __future__ import annotations
 
 from fastapi import APIRouter
 
-from baton.api.admin.convert import flow_public
-from baton.api.admin.schemas import FlowPublic
-from baton.api.console.routes import ConsoleRoute, Ctx, OperatorUser
+from baton.api.console.common import ConsoleRoute, Ctx, OperatorUser
+from baton.control.flow import FlowOverview
 
 router = APIRouter(prefix="/ops", tags=["console: operator"], route_class=ConsoleRoute)
 
 
-@router.get("/flow", response_model=FlowPublic)
-def flow(ctx: Ctx, user: OperatorUser) -> FlowPublic:
+@router.get("/flow", response_model=FlowOverview)
+def flow(ctx: Ctx, user: OperatorUser) -> FlowOverview:
     """Per model: limit, running, waiting per band and per tenant figures, live (the page polls it)."""
-    return flow_public(ctx.control.flow.overview())
+    return ctx.control.flow.overview()

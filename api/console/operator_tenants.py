@@ -11,19 +11,19 @@ from typing import Annotated, Any, Literal
 from fastapi import APIRouter, Query, Request, Response
 from pydantic import BaseModel, ConfigDict, Field
 
-from baton.api.admin.schemas import (
-    AdminTokenCreate,
-    AdminTokenIssued,
-    AdminTokenPublic,
-    RateLimitPublic,
-    RateLimitSet,
-    UserCreate,
-    UserPublic,
-    UserUpdate,
-)
+from baton.api.admin.schemas import AdminTokenCreate, AdminTokenIssued, RateLimitSet, UserCreate, UserUpdate
 from baton.api.console.auth import ConsoleUser
-from baton.api.console.routes import ConsoleRoute, Ctx, OperatorUser
-from baton.control.tenancy import AccessRequestView, Limits, NewUser, TenantView, UserChanges
+from baton.api.console.common import ConsoleRoute, Ctx, OperatorUser
+from baton.control.tenancy import (
+    AccessRequestView,
+    AdminTokenView,
+    Limits,
+    NewUser,
+    RateLimitView,
+    TenantView,
+    UserChanges,
+    UserView,
+)
 from baton.control.usecase import Actor
 from baton.core import models as m
 from baton.core.passwords import hash_password
@@ -97,18 +97,18 @@ def resume_tenant(tenant_id: uuid.UUID, ctx: Ctx, request: Request, user: Operat
     return _tenant_json(ctx.control.tenancy.resume(_actor(request, user), tenant_id))
 
 
-@router.get("/tenants/{tenant_id}/rate-limits", response_model=list[RateLimitPublic])
-def list_rate_limits(tenant_id: uuid.UUID, ctx: Ctx, user: OperatorUser) -> list[RateLimitPublic]:
+@router.get("/tenants/{tenant_id}/rate-limits", response_model=list[RateLimitView])
+def list_rate_limits(tenant_id: uuid.UUID, ctx: Ctx, user: OperatorUser) -> list[RateLimitView]:
     """The tenant's limits: the tenant-wide one (``api_key_id`` null) and any per key."""
-    return [RateLimitPublic.model_validate(v) for v in ctx.control.tenancy.list_rate_limits(tenant_id)]
+    return list(ctx.control.tenancy.list_rate_limits(tenant_id))
 
 
-@router.put("/tenants/{tenant_id}/rate-limit", response_model=RateLimitPublic)
+@router.put("/tenants/{tenant_id}/rate-limit", response_model=RateLimitView)
 def set_rate_limit(tenant_id: uuid.UUID, body: RateLimitSet, ctx: Ctx, request: Request,
-                   user: OperatorUser) -> RateLimitPublic:
+                   user: OperatorUser) -> RateLimitView:
     """Tenant-wide limits (a null field: no limit of that kind); every gateway applies them at once."""
     view = ctx.control.tenancy.set_rate_limit(_actor(request, user), tenant_id, Limits(**body.model_dump()))
-    return RateLimitPublic.model_validate(view)
+    return view
 
 
 @router.delete("/tenants/{tenant_id}/rate-limits/{limit_id}", status_code=204)
@@ -161,26 +161,25 @@ def decline_access(request_id: uuid.UUID, ctx: Ctx, request: Request, user: Oper
 
 # --- an organisation's users ------------------------------------------------------------------------
 
-@router.get("/tenants/{tenant_id}/users", response_model=list[UserPublic])
-def list_users(tenant_id: uuid.UUID, ctx: Ctx, user: OperatorUser) -> list[UserPublic]:
-    return [UserPublic.model_validate(u) for u in ctx.control.tenancy.list_users(tenant_id)]
+@router.get("/tenants/{tenant_id}/users", response_model=list[UserView])
+def list_users(tenant_id: uuid.UUID, ctx: Ctx, user: OperatorUser) -> list[UserView]:
+    return list(ctx.control.tenancy.list_users(tenant_id))
 
 
-@router.post("/tenants/{tenant_id}/users", status_code=201, response_model=UserPublic)
-def create_user(tenant_id: uuid.UUID, body: UserCreate, ctx: Ctx, request: Request, user: OperatorUser) -> UserPublic:
+@router.post("/tenants/{tenant_id}/users", status_code=201, response_model=UserView)
+def create_user(tenant_id: uuid.UUID, body: UserCreate, ctx: Ctx, request: Request, user: OperatorUser) -> UserView:
     """A console user of the organisation (409 for an email already in use)."""
     new = NewUser(email=body.email, password_hash=hash_password(body.password), role=body.role)
-    return UserPublic.model_validate(ctx.control.tenancy.create_user(_actor(request, user), tenant_id, new))
+    return ctx.control.tenancy.create_user(_actor(request, user), tenant_id, new)
 
 
-@router.patch("/tenants/{tenant_id}/users/{user_id}", response_model=UserPublic)
+@router.patch("/tenants/{tenant_id}/users/{user_id}", response_model=UserView)
 def update_user(*, tenant_id: uuid.UUID, user_id: uuid.UUID, body: UserUpdate, ctx: Ctx, request: Request,
-                user: OperatorUser) -> UserPublic:
+                user: OperatorUser) -> UserView:
     """Role, disabled (a disabled user's sessions stop at once), or a new password."""
     changes = UserChanges(role=body.role, disabled=body.disabled,
                           password_hash=hash_password(body.password) if body.password is not None else None)
-    return UserPublic.model_validate(ctx.control.tenancy.update_user(_actor(request, user), tenant_id, user_id,
-                                                                     changes))
+    return ctx.control.tenancy.update_user(_actor(request, user), tenant_id, user_id, changes)
 
 
 @router.delete("/tenants/{tenant_id}/users/{user_id}", status_code=204)
@@ -192,17 +191,17 @@ def delete_user(tenant_id: uuid.UUID, user_id: uuid.UUID, ctx: Ctx, request: Req
 
 # --- admin tokens -----------------------------------------------------------------------------------
 
-@router.get("/admin-tokens", response_model=list[AdminTokenPublic])
-def list_admin_tokens(ctx: Ctx, user: OperatorUser) -> list[AdminTokenPublic]:
+@router.get("/admin-tokens", response_model=list[AdminTokenView])
+def list_admin_tokens(ctx: Ctx, user: OperatorUser) -> list[AdminTokenView]:
     """The /admin/v1 bearer tokens, live and revoked (never their secrets: Baton keeps only hashes)."""
-    return [AdminTokenPublic.model_validate(v) for v in ctx.control.tenancy.list_admin_tokens()]
+    return list(ctx.control.tenancy.list_admin_tokens())
 
 
 @router.post("/admin-tokens", status_code=201, response_model=AdminTokenIssued)
 def create_admin_token(body: AdminTokenCreate, ctx: Ctx, request: Request, user: OperatorUser) -> AdminTokenIssued:
     """A new /admin/v1 token; its secret is in this answer only."""
     issued = ctx.control.tenancy.create_admin_token(_actor(request, user), body.name)
-    return AdminTokenIssued(token=AdminTokenPublic.model_validate(issued.token), secret=issued.secret)
+    return AdminTokenIssued(token=(issued.token), secret=issued.secret)
 
 
 @router.delete("/admin-tokens/{token_id}", status_code=204)

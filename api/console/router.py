@@ -14,7 +14,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from baton.api.console import operator, operator_flow, operator_tenants, static, tenant
 from baton.api.console.auth import COOKIE_NAME, Account, ConsoleUser, NewSession, check_origin
-from baton.api.console.routes import ConsoleRoute, Ctx, User
+from baton.api.console.common import ConsoleRoute, Ctx, User
 from baton.control.tenancy import SignUp as SignUpCommand
 from baton.control.tenancy import TenantView
 from baton.control.usecase import Actor

@@ -11,7 +11,7 @@ from pathlib import Path
 from fastapi import APIRouter, Request
 from fastapi.responses import FileResponse, HTMLResponse, RedirectResponse, Response
 
-from baton.api.console.routes import problem
+from baton.api.console.common import problem
 from baton.core import errors
 
 #: Where ``npm run build`` in ``web/`` puts the console (the repository's ``web/dist``).

@@ -11,7 +11,7 @@ from fastapi import APIRouter, Query, Request
 from pydantic import BaseModel, ConfigDict, Field
 
 from baton.api.console import queries
-from baton.api.console.routes import ConsoleRoute, Ctx, TenantUser
+from baton.api.console.common import ConsoleRoute, Ctx, TenantUser
 from baton.control.keys import ApiKeyView, IssuedKey
 from baton.control.tenancy import AccessRequestView, RequestAccess
 from baton.control.usecase import Actor

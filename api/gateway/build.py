@@ -8,7 +8,7 @@ from functools import partial
 import redis.asyncio as aioredis
 
 from baton.api.gateway.capacity import Capacities, CapacitySettings
-from baton.api.gateway.facts import FactMerger
+from baton.api.gateway.fact_reader import FactMerger
 from baton.api.gateway.flow import FlowController, FlowSettings, ViewPublisher
 from baton.api.gateway.metering import UsageMeter
 from baton.api.gateway.metrics import GatewayMetrics

@@ -65,7 +65,7 @@ class Outcome:
     span_id: str | None = None  # that span's id (hex): parent of spans added after the request ended
     kv_bytes: int | None = None  # P/D handoff, from the data plane's facts
     handoff_ms: float | None = None
-    facts_merged: bool = False  # data-plane facts read (api/gateway/facts.py)
+    facts_merged: bool = False  # data-plane facts read (api/gateway/fact_reader.py)
     recovery_steps: list[dict[str, Any]] = field(default_factory=list)  # RecoveryStep JSON, in order taken
     phases: list[dict[str, Any]] | None = None  # Phase JSON from the decode server's facts (its measured phases)
     queue_ms: float | None = None  # the wait in the flow-control queue (None: flow control off)

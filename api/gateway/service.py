@@ -21,7 +21,7 @@ from typing import Any
 import orjson
 from starlette.responses import Response
 
-from baton.api.gateway import tracing as gw_tracing
+from baton.api.gateway import spans as gw_spans
 from baton.api.gateway.flow import FlowClass, FlowController, FlowRejected, Ticket, ViewPublisher
 from baton.api.gateway.metering import Outcome, UsageMeter
 from baton.api.gateway.metrics import GatewayMetrics
@@ -348,18 +348,18 @@ class Gateway:
         request_id = uuid.uuid4()
         span = None
         if self.tracer is not None:
-            span = gw_tracing.start_request(
+            span = gw_spans.start_request(
                 self.tracer, traceparent=traceparent, start_ns=auth_ns[0] if auth_ns else time.time_ns(),
                 request_id=request_id.hex, endpoint=call.endpoint, model=call.grant.name,
                 tenant_id=principal.tenant_id, key_id=principal.key_id, stream=call.stream,
                 max_tokens=call.payload.get("max_tokens"))
             if auth_ns:
-                gw_tracing.child(self.tracer, span, t.SPAN_GATEWAY_AUTH, *auth_ns)
+                gw_spans.child(self.tracer, span, t.SPAN_GATEWAY_AUTH, *auth_ns)
         try:
             admitted = await self._admit(principal, call, request_id.hex, span)
         except BaseException as exc:
             if span is not None:
-                gw_tracing.rejected(span, exc)
+                gw_spans.rejected(span, exc)
             raise
         if self.metrics is not None:
             self.metrics.admitted(call.grant.name)
@@ -418,7 +418,7 @@ class Gateway:
             raise
         finally:
             if outcome.span is not None and self.tracer is not None:
-                gw_tracing.child(self.tracer, outcome.span, t.SPAN_FLOW_QUEUE, start_ns, time.time_ns(), attributes={
+                gw_spans.child(self.tracer, outcome.span, t.SPAN_FLOW_QUEUE, start_ns, time.time_ns(), attributes={
                     t.ATTR_FLOW_CLASS: cls.name, t.ATTR_FLOW_BAND: cls.priority,
                     t.ATTR_FLOW_OUTCOME: ticket.state if refused is None else getattr(refused, "reason", refused.code)})
         outcome.queue_ms = (time.perf_counter() - q0) * 1000
@@ -461,7 +461,7 @@ class Gateway:
         rl_start = time.time_ns() if span is not None else 0
         decision = await self.limiter.admit(rid, principal.limit_scopes, call.prompt_tokens + call.completion_budget)
         if span is not None and self.tracer is not None:
-            gw_tracing.child(self.tracer, span, t.SPAN_GATEWAY_RATELIMIT, rl_start, time.time_ns(),
+            gw_spans.child(self.tracer, span, t.SPAN_GATEWAY_RATELIMIT, rl_start, time.time_ns(),
                              attributes={"baton.ratelimit.allowed": decision.allowed})
         if not decision.allowed:
             raise _limited(decision.reason, decision.retry_after_s, decision.headers)
@@ -536,7 +536,7 @@ class Gateway:
         span = outcome.span
         if span is not None and self.tracer is not None:
             try:
-                gw_tracing.finish_request(self.tracer, span, outcome)
+                gw_spans.finish_request(self.tracer, span, outcome)
                 outcome.span = None
             except Exception:  # tracing never breaks serving
                 log.debug("span of %s not finished", outcome.request_id, exc_info=True)

@@ -40,6 +40,10 @@ SPAN_KV_TRANSFER = "dataplane.kv_transfer"  # inside the decode engine: the KV p
 SPAN_KV_HOLD = "dataplane.kv_hold"  # inside the prefill engine: KV pinned until the decode side read it
 RECOVERY_PREFIX = "recovery."
 
+#: The request's id: on the gateway's span the one its client sees (``req-<hex>``); on the decode server's
+#: spans the ``x-request-id`` it was called with (the gateway sends ``<hex>``; a replica's warm-up
+#: ``baton-warmup-<hex>``).
+ATTR_REQUEST_ID = "baton.request_id"
 ATTR_TENANT = "baton.tenant_id"
 ATTR_DEPLOYMENT = "baton.deployment"
 ATTR_FLOW_CLASS = "baton.flow.class"  # the SLO class a request was queued as

@@ -29,10 +29,10 @@ def console_app(settings, db, console_recorder) -> FastAPI:  # type: ignore[no-u
     import redis
 
     from baton.api.admin.deps import AdminContext
+    from baton.api.composition import AppServices
     from baton.api.console.context import ConsoleContext
     from baton.api.console.router import router
     from baton.api.errors import install_error_handlers
-    from baton.api.services import AppServices
 
     app = FastAPI(title="Baton console (test)")
     install_error_handlers(app)

@@ -29,7 +29,7 @@ def test_operator_catalogue_round_trip(operator: Session, sign_up: SignUp, db: D
     r = operator.post(f"{API}/ops/deployments", json={"name": name, "model_id": model["id"]})
     assert r.status_code == 201, r.text
     dep = r.json()
-    assert "model" not in dep and dep["generation"] == 1
+    assert dep["model"] == mname and dep["generation"] == 1
 
     stale = operator.patch(f"{API}/ops/deployments/{dep['id']}", json={"decode": {"min": 1, "max": 2}},
                            headers={"if-match": '"999"'})

@@ -212,7 +212,7 @@ def test_the_admin_audit_log_names_targets_too(operator: Session, db: Database, 
 
     from baton.api.admin.deps import AdminContext
     from baton.api.admin.router import router
-    from baton.api.services import AppServices
+    from baton.api.composition import AppServices
     from baton.control.usecase import RecordingNotifier
 
     model = _model(operator)

@@ -31,7 +31,7 @@ def recorder() -> Recorder:
 def admin_app(admin_settings, db, recorder) -> FastAPI:  # type: ignore[no-untyped-def]
     from baton.api.admin.deps import AdminContext
     from baton.api.admin.router import router
-    from baton.api.services import AppServices
+    from baton.api.composition import AppServices
 
     app = FastAPI(title="Baton admin (test)")
     app.include_router(router, prefix="/admin/v1")

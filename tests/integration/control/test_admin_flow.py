@@ -65,7 +65,7 @@ def flow_client(admin_settings, db, recorder, flow_redis) -> Iterator[TestClient
 
     from baton.api.admin.deps import AdminContext
     from baton.api.admin.router import router
-    from baton.api.services import AppServices
+    from baton.api.composition import AppServices
 
     app = FastAPI()
     app.include_router(router, prefix="/admin/v1")

@@ -15,7 +15,7 @@ from collections.abc import AsyncIterator
 import redis.asyncio as aioredis
 
 from baton.api.console.queries import waterfall
-from baton.api.gateway.facts import FactMerger
+from baton.api.gateway.fact_reader import FactMerger
 from baton.api.gateway.metering import Outcome, UsageMeter
 from baton.core import contracts as c
 from baton.core import models as m

@@ -14,7 +14,7 @@ import httpx
 import pytest
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-from baton.api.gateway.facts import FactMerger
+from baton.api.gateway.fact_reader import FactMerger
 from baton.api.gateway.metering import Outcome
 from baton.core import telemetry as t
 from baton.core.contracts import (
@@ -187,19 +187,19 @@ def _outcome(**kw: object) -> Outcome:
 
 def test_recovery_steps_become_spans_in_the_requests_trace() -> None:
     """A scripted outcome (gateway-side steps) and data-plane steps merged from facts."""
-    from baton.api.gateway import tracing as gw_tracing
+    from baton.api.gateway import spans as gw_spans
 
     exporter = InMemorySpanExporter()
     tracing = t.setup_tracing(TelemetrySettings(), exporter=exporter, batch=False)
     o = _outcome(deployment="d")
-    span = gw_tracing.start_request(tracing.tracer, traceparent=None, start_ns=int(o.started * 1e9),
+    span = gw_spans.start_request(tracing.tracer, traceparent=None, start_ns=int(o.started * 1e9),
                                     request_id=o.request_id.hex, endpoint="completions", model="m",
                                     tenant_id=o.tenant_id, key_id=None, stream=True)
     o.trace_id, o.span_id = f"{span.get_span_context().trace_id:032x}", f"{span.get_span_context().span_id:016x}"
     o.recovery_steps.append({"step": "decode_resume", "at_ms": 40.0, "duration_ms": 12.5, "outcome": "recovered",
                              "detail": "upstream RemoteProtocolError"})
     o.end_pc = o.start_pc + 0.1
-    gw_tracing.finish_request(tracing.tracer, span, o)
+    gw_spans.finish_request(tracing.tracer, span, o)
     FactMerger(None, tracing.tracer).merge(o, RequestFacts.of([
         HandoffFact(connector="nixl", kv_bytes=131072, transfer_ms=3.5, prompt_tokens=100),
         RecoveryStepsFact((RecoveryStep("prefill_retry", 5, 20, "recovered", "prefill replica died"),)),

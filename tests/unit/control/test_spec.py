@@ -8,7 +8,7 @@ import pytest
 
 from baton.control.ray_client import ServeStatus
 from baton.control.slo import EngineThroughput
-from baton.control.spec import deployment_spec
+from baton.control.spec_rows import deployment_spec
 from baton.core import errors
 from baton.core import models as m
 from baton.dataplane.render import render_serve_application

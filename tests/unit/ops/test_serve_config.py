@@ -26,7 +26,7 @@ def test_committed_serve_config_is_what_the_renderer_produces(overlay: str) -> N
 @pytest.mark.parametrize("overlay", k8s.OVERLAYS)
 def test_serve_config_matches_the_reconcilers_entries_for_the_same_rows(overlay: str) -> None:
     """Built here the way Reconciler._desired builds its entries, from the same rows."""
-    from baton.control.spec import deployment_spec
+    from baton.control.spec_rows import deployment_spec
     from baton.dataplane.render import PREFILL_APP_IMPORT_PATH, PREFILL_APP_SUFFIX, render_serve_applications
     from baton.dataplane.spec import DeploymentSpec
 

@@ -36,7 +36,7 @@ def start_request(tracer: trace.Tracer, *, traceparent: str | None, start_ns: in
         "gen_ai.operation.name": OPERATIONS.get(endpoint, endpoint),
         t.ATTR_MODEL: model,
         t.ATTR_TENANT: str(tenant_id),
-        "baton.request_id": f"req-{request_id}",
+        t.ATTR_REQUEST_ID: f"req-{request_id}",
         "baton.stream": stream,
     }
     if key_id is not None:

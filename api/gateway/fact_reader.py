@@ -22,7 +22,7 @@ from typing import Any
 
 from opentelemetry import trace
 
-from baton.api.gateway import tracing as gw_tracing
+from baton.api.gateway import spans as gw_spans
 from baton.api.gateway.metering import Outcome
 from baton.core import contracts as c
 from baton.core import telemetry as t
@@ -87,4 +87,4 @@ class FactMerger:
             o.recovery_steps.extend(steps)
             if self._tracer is not None and o.trace_id and o.span_id:
                 parent = t.context_from_traceparent(f"00-{o.trace_id}-{o.span_id}-01")
-                gw_tracing.recovery_spans(self._tracer, parent, steps, int(o.started * 1e9))
+                gw_spans.recovery_spans(self._tracer, parent, steps, int(o.started * 1e9))
