@@ -118,6 +118,7 @@ class RequestTrace:
     output_tokens: int | None = None
     chunks: int = 0
     handoff_done: bool = False
+    root: trace.Span | None = None  # the request's own root span, when it came without a traceparent
     received_ns: int = field(default_factory=time.time_ns)  # the decode server began handling the request
 
     def _ids(self) -> dict[str, str]:
@@ -185,7 +186,17 @@ class RequestTrace:
             self.output_tokens = usage
 
     def finish(self, shape: ModelShape | None, error: BaseException | None = None) -> HandoffFact | None:
-        """Ends the handoff and decode spans; returns the ``handoff`` fact for the gateway."""
+        """Ends the request's spans; returns the ``handoff`` fact for the gateway."""
+        try:
+            return self._finish(shape, error)
+        finally:
+            if self.root is not None:
+                if error is not None:
+                    self.root.set_status(Status(StatusCode.ERROR, type(error).__name__))
+                self.root.end()
+                self.root = None
+
+    def _finish(self, shape: ModelShape | None, error: BaseException | None) -> HandoffFact | None:
         if self.prefill is not None:
             self.prefill.set_status(Status(StatusCode.ERROR, "prefill did not answer"))
             self.prefill.end()
@@ -268,7 +279,12 @@ def begin(raw_request_info: Any, *, replica: str) -> RequestTrace | None:
         return None
     headers = getattr(raw_request_info, "headers", None) or {}
     parent = t.context_from_traceparent(headers.get("traceparent"))
-    return RequestTrace(tracing.tracer, parent, headers.get("x-request-id"), replica, raw=raw_request_info)
+    rt = RequestTrace(tracing.tracer, parent, headers.get("x-request-id"), replica, raw=raw_request_info)
+    if parent is None:  # nobody's trace to join: one of its own, so its spans are one tree
+        rt.root = tracing.tracer.start_span(t.SPAN_DATAPLANE_REQUEST, kind=SpanKind.SERVER,
+                                            attributes={"baton.replica": replica, **rt._ids()})
+        rt.parent = trace.set_span_in_context(rt.root)
+    return rt
 
 
 def _set_param(request: Any, key: str, value: str) -> None:

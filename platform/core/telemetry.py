@@ -33,6 +33,9 @@ SPAN_GATEWAY_REQUEST = "gateway.request"
 SPAN_GATEWAY_AUTH = "gateway.auth"
 SPAN_GATEWAY_RATELIMIT = "gateway.ratelimit"
 SPAN_FLOW_QUEUE = "flow.queue"
+#: The decode server's root span of a request that came without a ``traceparent`` (a replica's warm-up, a
+#: direct call of the Serve app): its prefill, handoff and decode spans are then one trace under it.
+SPAN_DATAPLANE_REQUEST = "dataplane.request"
 SPAN_PREFILL = "dataplane.prefill"
 SPAN_KV_HANDOFF = "dataplane.kv_handoff"
 SPAN_DECODE = "dataplane.decode"

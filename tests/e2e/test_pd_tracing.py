@@ -102,17 +102,16 @@ def test_each_pd_request_is_one_tree_with_prefill_handoff_and_decode(baton_stack
 def test_a_decode_replica_warms_up_over_the_pd_path_before_it_takes_traffic(baton_stack, otlp_receiver):
     """The decode replica's warm-up (``BatonPDDecodeServer._maybe_prewarm``) runs through the P/D entry point
     before Serve routes to the replica: a completion and a chat whose request ids start with
-    ``baton-warmup-``, each a trace that no client started (no gateway span) with a prefill attempt, a KV
-    handoff and the decode. It runs while the stack deploys, so the session's receiver (up before the
-    stack) has it; without the warm-up there is no such trace. (Whether its prefill went remote depends on
-    which pool's engine came up first; the replica's log says.)"""
+    ``baton-warmup-``, each a trace that no client started (a ``dataplane.request`` root, no gateway span)
+    with a prefill, a KV handoff and the decode of one token. It runs while the stack deploys, so the
+    session's receiver (up before the stack) has it; without the warm-up there is no such trace."""
     _, rec = otlp_receiver
 
     def warmups() -> dict[str, list[dict]]:
         with rec.lock:
-            ids = {s["trace"]: s["attrs"].get(t.ATTR_REQUEST_ID) for s in rec.spans if s["name"] == t.SPAN_DECODE}
-        ours = {trace for trace, rid in ids.items() if str(rid or "").startswith("baton-warmup-")}
-        return {trace: spans for trace, spans in rec.by_trace(ours).items()
+            roots = {s["trace"] for s in rec.spans if s["name"] == t.SPAN_DATAPLANE_REQUEST
+                     and str(s["attrs"].get(t.ATTR_REQUEST_ID) or "").startswith("baton-warmup-")}
+        return {trace: spans for trace, spans in rec.by_trace(roots).items()
                 if {t.SPAN_PREFILL, t.SPAN_KV_HANDOFF, t.SPAN_DECODE} <= {s["name"] for s in spans}}
 
     deadline = time.monotonic() + 60  # the replica's batch exporter flushes every few seconds
@@ -120,9 +119,10 @@ def test_a_decode_replica_warms_up_over_the_pd_path_before_it_takes_traffic(bato
         time.sleep(1)
     assert len(found) >= 2, f"warm-up traces with prefill, handoff and decode: {len(found)} (want 2: completion, chat)"
     for spans in found.values():
-        names = [s["name"] for s in spans]
-        assert t.SPAN_GATEWAY_REQUEST not in names, names
         one = {s["name"]: s for s in spans}
-        assert not one[t.SPAN_DECODE]["parent"], "a warm-up is a trace of its own"
+        assert t.SPAN_GATEWAY_REQUEST not in one, sorted(one)
+        root = one[t.SPAN_DATAPLANE_REQUEST]
+        assert not root["parent"]
+        assert one[t.SPAN_DECODE]["parent"] == root["id"] and one[t.SPAN_PREFILL]["parent"] == root["id"]
         assert one[t.SPAN_KV_HANDOFF]["parent"] == one[t.SPAN_DECODE]["id"]
         assert one[t.SPAN_DECODE]["attrs"].get(t.ATTR_OUTPUT_TOKENS) == 1
