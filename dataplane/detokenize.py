@@ -1,7 +1,7 @@
 """A stream's text when its prompt ends inside a character, as a resumed stream's continuation does.
 
 The gateway resumes a broken stream by sending ``prompt ids + the ids already sent`` to an engine
-(:mod:`baton.api.gateway.resume`). The break can fall right after a token whose text the engine had not
+(:mod:`baton.api.gateway.relay`). The break can fall right after a token whose text the engine had not
 emitted yet: a token that holds part of a multi-byte character, or bytes that are no character at all
 (their ``U+FFFD`` comes out with a later token). A chunk can carry several tokens, so the gateway
 cannot always tell. The continuation's prompt then decodes to text that ends in ``U+FFFD``.

@@ -7,6 +7,7 @@ from functools import partial
 
 import redis.asyncio as aioredis
 
+from baton.api.gateway.attempts import ResumePolicy
 from baton.api.gateway.capacity import Capacities, CapacitySettings
 from baton.api.gateway.fact_reader import FactMerger
 from baton.api.gateway.flow import FlowController, FlowSettings, ViewPublisher
@@ -19,13 +20,12 @@ from baton.api.gateway.principals import (
     load_principal,
     write_key_uses,
 )
-from baton.api.gateway.proxy import new_client
 from baton.api.gateway.ratelimit import RateLimiter
+from baton.api.gateway.relay import TokenStall
 from baton.api.gateway.responses import ResponseStore
-from baton.api.gateway.resume import ResumePolicy, TokenStall
 from baton.api.gateway.routing import ChainRouter, DeploymentRouter, Router, StaticRouter
 from baton.api.gateway.service import Gateway
-from baton.api.gateway.upstream import UpstreamClient
+from baton.api.gateway.upstream import UpstreamClient, new_client
 from baton.core.db import Database
 from baton.core.secrets import secret_fingerprint, secret_mismatch
 from baton.core.settings import Settings

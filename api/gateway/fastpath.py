@@ -5,7 +5,7 @@ Through FastAPI each pays for route matching over every route of the app, depend
 gateway, the key, the bearer scheme, the ``traceparent`` header), request objects and two more send
 wrappers per streamed token: more than the gateway's own work on a short request. :class:`FastPath`
 serves a well-formed request of those two routes itself, in the same steps the routes take
-(authenticate, validate the body against the same schema, ``Gateway.prepare_*``, ``Gateway.forward``),
+(authenticate, validate the body against the same schema, then ``Gateway.serve``, the pipeline's one entrance),
 and leaves everything else to the app: any other route, and any request that is not the plain case
 (no or another kind of ``Authorization`` header, a key that does not authenticate, a body that is not
 a valid JSON object of the schema, a content type other than ``application/json`` or none). Those go
@@ -19,7 +19,6 @@ the app's exception handlers.
 from __future__ import annotations
 
 import time
-from collections.abc import Awaitable, Callable
 
 import orjson
 from pydantic import BaseModel, ValidationError
@@ -29,13 +28,12 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from baton.api.errors import baton_error_response, http_error_response
 from baton.api.gateway.schemas import ChatCompletionRequest, CompletionRequest
-from baton.api.gateway.service import Call, Gateway
 from baton.core import errors
 
-#: path -> (the body's schema, the Gateway method that prepares the call)
-ROUTES: dict[str, tuple[type[BaseModel], Callable[..., Awaitable[Call]]]] = {
-    "/v1/chat/completions": (ChatCompletionRequest, Gateway.prepare_chat),
-    "/v1/completions": (CompletionRequest, Gateway.prepare_completion),
+#: path -> (the body's schema, the endpoint :meth:`Gateway.serve` serves)
+ROUTES: dict[str, tuple[type[BaseModel], str]] = {
+    "/v1/chat/completions": (ChatCompletionRequest, "chat/completions"),
+    "/v1/completions": (CompletionRequest, "completions"),
 }
 
 
@@ -68,11 +66,11 @@ class FastPath:
             await self.app(scope, _replay(body, receive), send)
 
     async def _serve(self, scope: Scope, receive: Receive, send: Send,
-                     route: tuple[type[BaseModel], Callable[..., Awaitable[Call]]],
+                     route: tuple[type[BaseModel], str],
                      body: bytes, *, authorization: str, traceparent: bytes | None) -> bool:
         """Serves the request; False (nothing sent) when it is not the plain case."""
         gateway = scope["app"].state.gateway
-        schema, prepare = route
+        schema, endpoint = route
         start = time.time_ns()
         try:
             principal = await gateway.principals.authenticate(authorization)
@@ -87,10 +85,10 @@ class FastPath:
         if model is None:
             return False
         try:
-            call = await prepare(gateway, principal,
-                                 model.model_dump(mode="json", exclude_unset=True, exclude_none=False))
-            response = await gateway.forward(principal, call, auth_ns=auth_ns,
-                                             traceparent=traceparent.decode("latin-1") if traceparent else None)
+            response = await gateway.serve(endpoint, principal,
+                                           model.model_dump(mode="json", exclude_unset=True, exclude_none=False),
+                                           auth_ns=auth_ns,
+                                           traceparent=traceparent.decode("latin-1") if traceparent else None)
         except errors.BatonError as exc:
             response = baton_error_response(Request(scope), exc)
         await response(scope, receive, send)

@@ -88,8 +88,8 @@ async def chat_completions(
     body: ChatCompletionRequest, principal: PrincipalDep, gateway: GatewayDep, request: Request,
     traceparent: TraceparentHeader = None,
 ) -> Response:
-    call = await gateway.prepare_chat(principal, _exclude(body))
-    return await gateway.forward(principal, call, traceparent=traceparent, auth_ns=_auth_ns(request))
+    return await gateway.serve("chat/completions", principal, _exclude(body), traceparent=traceparent,
+                               auth_ns=_auth_ns(request))
 
 
 @router.post("/completions", response_model=None, responses=completion_responses(Completion),
@@ -98,8 +98,8 @@ async def completions(
     body: CompletionRequest, principal: PrincipalDep, gateway: GatewayDep, request: Request,
     traceparent: TraceparentHeader = None,
 ) -> Response:
-    call = await gateway.prepare_completion(principal, _exclude(body))
-    return await gateway.forward(principal, call, traceparent=traceparent, auth_ns=_auth_ns(request))
+    return await gateway.serve("completions", principal, _exclude(body), traceparent=traceparent,
+                               auth_ns=_auth_ns(request))
 
 
 @router.post("/embeddings", response_model=None,
@@ -110,8 +110,7 @@ async def embeddings(
     traceparent: TraceparentHeader = None,
 ) -> Response:
     payload = body.model_dump(mode="json", exclude_unset=True, exclude_none=True)
-    call = await gateway.prepare_embeddings(principal, payload)
-    return await gateway.forward(principal, call, traceparent=traceparent, auth_ns=_auth_ns(request))
+    return await gateway.serve("embeddings", principal, payload, traceparent=traceparent, auth_ns=_auth_ns(request))
 
 
 @router.post("/responses", response_model=None, responses=ERROR_RESPONSES,

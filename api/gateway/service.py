@@ -14,7 +14,6 @@ import json
 import logging
 import time
 import uuid
-from collections.abc import Awaitable
 from dataclasses import dataclass
 from typing import Any
 
@@ -22,19 +21,20 @@ import orjson
 from starlette.responses import Response
 
 from baton.api.gateway import spans as gw_spans
-from baton.api.gateway.flow import FlowClass, FlowController, FlowRejected, Ticket, ViewPublisher
-from baton.api.gateway.metering import Outcome, UsageMeter
-from baton.api.gateway.metrics import GatewayMetrics
-from baton.api.gateway.principals import InvalidationListener, ModelGrant, Principal, PrincipalCache
-from baton.api.gateway.proxy import (
-    SSERelay,
-    read_usage,
-    sse_headers,
+from baton.api.gateway.attempts import (
+    PoolHealth,
+    ResumePolicy,
+    open_attempts,
+    resumable,
     trace_context,
     transport_error,
     upstream_error,
     upstream_headers,
 )
+from baton.api.gateway.flow import FlowClass, FlowController, FlowRejected, Ticket, ViewPublisher
+from baton.api.gateway.metering import Outcome, UsageMeter
+from baton.api.gateway.metrics import GatewayMetrics
+from baton.api.gateway.principals import InvalidationListener, ModelGrant, Principal, PrincipalCache
 from baton.api.gateway.ratelimit import (
     DENIED_CONCURRENCY,
     DENIED_TOKENS,
@@ -43,16 +43,8 @@ from baton.api.gateway.ratelimit import (
     RateLimiter,
     retry_after_header,
 )
+from baton.api.gateway.relay import ResumingRelay, SSERelay, TokenStall, read_usage, sse_headers
 from baton.api.gateway.responses import ResponseStore
-from baton.api.gateway.resume import (
-    Attempts,
-    FailoverOpener,
-    PoolHealth,
-    ResumePolicy,
-    ResumingRelay,
-    TokenStall,
-    resumable,
-)
 from baton.api.gateway.routing import Router, Upstream
 from baton.api.gateway.schemas import MAX_N, SERVER_FIELDS
 from baton.api.gateway.tokens import (
@@ -63,7 +55,7 @@ from baton.api.gateway.tokens import (
     surrogate_path,
     text_of,
 )
-from baton.api.gateway.upstream import Opener, UpstreamClient, UpstreamResponse
+from baton.api.gateway.upstream import UpstreamClient, UpstreamResponse
 from baton.core import errors
 from baton.core import models as m
 from baton.core import telemetry as t
@@ -253,6 +245,22 @@ class Gateway:
             elif not task.cancelled() and task.exception() is not None:
                 log.error("gateway shutdown: the %s failed to stop (%s)", name, type(task.exception()).__name__)
 
+    # -- the entrance ---------------------------------------------------------------------------
+
+    async def serve(self, endpoint: str, principal: Principal, payload: dict[str, Any], *,
+                    traceparent: str | None, auth_ns: tuple[int, int] | None = None) -> Response:
+        """The pipeline's one entrance (``/v1/chat/completions``, ``/v1/completions``, ``/v1/embeddings``; the
+        route and :class:`~baton.api.gateway.fastpath.FastPath` alike), for an authenticated ``principal`` and a
+        body valid against the endpoint's schema: validate it against the model and the key (:meth:`prepare_chat`
+        and its siblings), then :meth:`forward` it."""
+        if endpoint == "chat/completions":
+            call = await self.prepare_chat(principal, payload)
+        elif endpoint == "completions":
+            call = await self.prepare_completion(principal, payload)
+        else:
+            call = await self.prepare_embeddings(principal, payload)
+        return await self.forward(principal, call, traceparent=traceparent, auth_ns=auth_ns)
+
     # -- validation ---------------------------------------------------------------------------
 
     async def prepare_chat(self, principal: Principal, payload: dict[str, Any]) -> Call:
@@ -371,7 +379,10 @@ class Gateway:
             alone = (await self._queue(principal, cls, call, outcome, admitted.lease)).alone
         if call.endpoint != "embeddings":
             admitted.body = with_priority(admitted.body, engine_priority(cls.priority, alone=alone))
-        attempts = self._attempts(call, admitted, outcome, upstream_headers(request_id.hex, tp, stream=call.stream))
+        attempts = open_attempts(self.client, admitted.upstream, call.endpoint, admitted.body,
+                                 upstream_headers(request_id.hex, tp, stream=call.stream), stream=call.stream,
+                                 read_timeout=self.stream_stall_s if call.stream else None, policy=self.resume,
+                                 health=self.pool_health, outcome=outcome)
         lease = admitted.lease
         try:
             response, open_exc = await attempts.first()
@@ -432,14 +443,6 @@ class Gateway:
         outcome.ticket = ticket
         return ticket
 
-    def _attempts(self, call: Call, admitted: _Admitted, outcome: Outcome, sent_headers: dict[str, str]) -> Attempts:
-        """The request's upstream calls: to its deployment's pool, raced against the fallback pool if it has one."""
-        upstream = admitted.upstream
-        opener: Opener = self._opener(f"{upstream.base_url}/", sent_headers, stream=call.stream)
-        if upstream.fallback_url:
-            opener = FailoverOpener(opener, self._opener(f"{upstream.fallback_url}/", sent_headers, stream=call.stream),
-                                    self.pool_health, upstream.base_url, outcome)
-        return Attempts(opener, call.endpoint, admitted.body, policy=self.resume, outcome=outcome)
 
     async def _refused(self, response: UpstreamResponse, outcome: Outcome, lease: Lease | None) -> errors.BatonError:
         """The client's error for an upstream answer other than 200 (the request ends failed)."""
@@ -503,16 +506,6 @@ class Gateway:
         self._finish(outcome, lease)
         return Response(content, status_code=200, headers=headers, media_type="application/json")
 
-    def _opener(self, base: str, headers: dict[str, str], *, stream: bool) -> Opener:
-        """``opener(endpoint, body)``: one upstream call of this request (retries and resumes call it again).
-        Streams read with the stall timeout."""
-        client = self.client
-        read_timeout = self.stream_stall_s if stream else None
-
-        def call(endpoint: str, content: bytes) -> Awaitable[UpstreamResponse]:
-            return client.post(base + endpoint, content, headers, stream=stream, read_timeout=read_timeout)
-
-        return call
 
     def _end(self, outcome: Outcome, lease: Lease | None, status: m.RequestStatus, http_status: int,
              code: str | None) -> None:

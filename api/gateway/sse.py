@@ -1,7 +1,7 @@
 """Server-sent events cut out of an upstream byte stream: the one framer every relay uses.
 
 An upstream read returns whatever bytes arrived, which may end in the middle of an event. The relays
-(:mod:`baton.api.gateway.proxy`, :mod:`baton.api.gateway.resume`, :mod:`baton.api.gateway.responses`)
+(:mod:`baton.api.gateway.relay`: the plain and the resuming relay; :mod:`baton.api.gateway.responses`)
 each hand every read to a :class:`SSEFrames` and get back the whole events in it; a partial event waits
 for the next read. The common case (a read that is one or more whole events) returns the read itself,
 no copy.

@@ -449,3 +449,10 @@ class HttpxUpstreamResponse(UpstreamResponse):
             return
         self._done = True
         await self._httpx.aclose()
+
+
+def new_client(*, timeout_s: float, max_connections: int, library: str = "baton") -> UpstreamClient:
+    """The upstream client of a gateway process (see :mod:`baton.api.gateway.upstream`); ``library="httpx"``:
+    the same calls over httpx (the gateway bench's library arm)."""
+    cls = HttpxUpstreamClient if library == "httpx" else UpstreamClient
+    return cls(timeout_s=timeout_s, connect_timeout_s=5.0, max_connections=max_connections, keepalive_expiry_s=30.0)

@@ -1,5 +1,5 @@
 """A resumed stream's text on the replicas that ship: the continuation the gateway sends after a break
-(``prompt + the tokens already sent``, :mod:`baton.api.gateway.resume`) gives exactly the rest of the
+(``prompt + the tokens already sent``, :mod:`baton.api.gateway.relay`) gives exactly the rest of the
 text, wherever the break falls, on both pools of the session stack's P/D deployment (the decode pool,
 and the prefill pool the gateway falls back to).
 

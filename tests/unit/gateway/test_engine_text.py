@@ -5,8 +5,8 @@ from __future__ import annotations
 import orjson
 import pytest
 
+from baton.api.gateway.attempts import upstream_error
 from baton.api.gateway.engine_text import FALLBACK, client_text
-from baton.api.gateway.proxy import upstream_error
 
 RAY_WRAPPED = (
     "Message: \"auto\" tool choice requires --enable-auto-tool-choice and --tool-call-parser to be set "
@@ -64,7 +64,7 @@ def test_an_engine_5xx_is_a_plain_upstream_error(status: int) -> None:
 def test_an_engines_mid_stream_error_event_reaches_the_client_cleaned():
     import orjson
 
-    from baton.api.gateway.proxy import clean_error_events
+    from baton.api.gateway.relay import clean_error_events
 
     chunk = (b'data: {"choices":[{"delta":{"content":"a"}}]}\n\n'
              b'data: {"error": {"object": "error", "message": "Message: bad grammar state (Request ID: abc-123), '

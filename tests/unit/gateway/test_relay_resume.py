@@ -26,18 +26,9 @@ from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 from starlette.routing import Route
 
+from baton.api.gateway.attempts import Attempts, FailoverOpener, PoolHealth, ResumePolicy, continuation_body, resumable
 from baton.api.gateway.metering import Outcome
-from baton.api.gateway.resume import (
-    Attempts,
-    FailoverOpener,
-    PoolHealth,
-    ResumePolicy,
-    ResumingRelay,
-    TokenStall,
-    _Stream,
-    continuation_body,
-    resumable,
-)
+from baton.api.gateway.relay import ResumingRelay, TokenStall, _Stream
 from baton.api.gateway.upstream import Opener, UpstreamClient, UpstreamResponse
 from baton.core import models as m
 

@@ -1,62 +1,245 @@
-"""Decode-failure recovery in the gateway: retry before the first token, resume after it.
+"""Relaying the upstream's answer to the client, and resuming it where it breaks.
 
-Engine-agnostic (aggregated and P/D alike). A resumable streaming request is sent with vLLM's
-``return_token_ids``: the first chunk then carries the prompt's token ids (chat: top level;
-completions: on the choice) and every chunk the ids of the tokens it carries. :class:`ResumingRelay`
-keeps both, strips them from what the client sees (unless the client asked for them) and, when the
-upstream stream breaks (connection error, an SSE ``error`` event, an ``{"error": ...}`` chunk, or an
-end without ``finish_reason``), resubmits to the same deployment as ``/completions`` with
-``prompt = prompt ids + ids already sent``, the same sampling settings, ``max_tokens`` reduced by what
-was sent and the same ``cache_salt`` (an LMCache tier that still holds the prefix KV saves the
-re-prefill). The continuation is re-framed in the client's original format (same id, created and
-model), so the client's stream simply goes on: no repeated, missing or reordered tokens; usage counts
-the original prompt and each completion token once.
+Streams are relayed chunk by chunk as they arrive (whole SSE events, :mod:`baton.api.gateway.sse`; a
+partial event waits for its end), never re-buffered or re-serialised; a chunk is only parsed when it
+carries the engine's usage report, which the gateway always asks for (``stream_options.include_usage``)
+and removes again when the client did not (:class:`SSERelay`). Every request ends in exactly one
+:class:`~baton.api.gateway.metering.Outcome` (completed, failed or cancelled), whatever happens: upstream
+errors, a cut stream (the client then gets an SSE ``error`` event, never a silently short 200), or the
+client going away (noticed at once by watching ``http.disconnect``, not only at the next write).
 
-Attempts are bounded by :class:`ResumePolicy` (count, and time per recovery: each break gets
-``budget_s`` from the moment it is seen; exponential backoff while Ray routes around or replaces a dead
-replica). An upstream that goes silent (no answer for the gateway's ``stream_stall_s``, or, once tokens
-flow, a silence long for the stream's own pace: :class:`TokenStall`, a stalled replica) counts as broken
-too: its read timeout ends the attempt. Where the ladder runs out the client gets an
-SSE ``error`` event and the request record keeps the steps taken (``Outcome.recovery_steps``) and why
-it failed.
+Resuming (:class:`ResumingRelay`, engine-agnostic: aggregated and P/D alike). A resumable streaming
+request is sent with vLLM's ``return_token_ids``: the first chunk then carries the prompt's token ids
+(chat: top level; completions: on the choice) and every chunk the ids of the tokens it carries. The
+relay keeps both, strips them from what the client sees (unless the client asked for them) and, when
+the upstream stream breaks (connection error, an SSE ``error`` event, an ``{"error": ...}`` chunk, an end
+without ``finish_reason``, or a silence long for the stream's own pace: :class:`TokenStall`, a stalled
+replica), resubmits to the same deployment as ``/completions`` with ``prompt = prompt ids + ids already
+sent``, the same sampling settings, ``max_tokens`` reduced by what was sent and the same ``cache_salt``
+(an LMCache tier that still holds the prefix KV saves the re-prefill), through the request's
+:class:`~baton.api.gateway.attempts.Attempts`. The continuation is re-framed in the client's original
+format (same id, created and model), so the client's stream simply goes on: no repeated, missing or
+reordered tokens; usage counts the original prompt and each completion token once. Where the ladder
+runs out the client gets an SSE ``error`` event and the request record keeps the steps taken
+(``Outcome.recovery_steps``) and why it failed.
 
 Not resumed (a break after the first token ends with the SSE error as before): ``n > 1``, several
 prompts, logprobs, echo, and constrained output (tools, ``response_format``, structured outputs),
-whose state a plain token continuation cannot carry.
+whose state a plain token continuation cannot carry (:func:`~baton.api.gateway.attempts.resumable`).
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 import httpx
 import orjson
-from starlette.types import Send
+from starlette.responses import Response
+from starlette.types import Receive, Scope, Send
 
+from baton.api.errors import openai_error_body
+from baton.api.gateway.attempts import Attempts, continuation_body, transport_error
+from baton.api.gateway.engine_text import client_text
 from baton.api.gateway.metering import Outcome
-from baton.api.gateway.proxy import SSERelay, read_usage
 from baton.api.gateway.sse import EVENT_END, SSEFrames
-from baton.api.gateway.upstream import Opener, UpstreamResponse
+from baton.api.gateway.upstream import UpstreamResponse
 from baton.core import errors
-from baton.core.contracts import STEP_AGGREGATED_FALLBACK, STEP_DECODE_RESUME
+from baton.core import models as m
+from baton.core.contracts import STEP_DECODE_RESUME
 
-#: Upstream statuses worth another attempt (the replica died, Ray is replacing it, a timeout).
-RETRY_STATUSES = frozenset({500, 502, 503, 504})
+log = logging.getLogger(__name__)
 
-#: Request fields whose state a token continuation cannot carry.
-NOT_RESUMABLE = ("tools", "functions", "response_format", "structured_outputs", "guided_json", "guided_regex",
-                 "guided_choice", "guided_grammar", "logprobs", "top_logprobs", "echo", "best_of",
-                 "prompt_logprobs", "suffix")
 
-#: Sampling (and server) fields a continuation keeps from the original request.
-CARRIED = ("temperature", "top_p", "top_k", "min_p", "seed", "stop", "stop_token_ids", "presence_penalty",
-           "frequency_penalty", "repetition_penalty", "length_penalty", "logit_bias", "ignore_eos",
-           "include_stop_str_in_output", "skip_special_tokens", "spaces_between_special_tokens", "bad_words",
-           "allowed_token_ids", "user", "cache_salt", "kv_transfer_params", "priority", "vllm_xargs")
+_DONE = b"data: [DONE]"
+
+
+_USAGE = b'"usage":{'
+
+
+def read_usage(usage: Any, outcome: Outcome) -> None:
+    if not isinstance(usage, dict):
+        return
+    outcome.prompt_tokens = int(usage.get("prompt_tokens") or 0)
+    outcome.completion_tokens = int(usage.get("completion_tokens") or 0)
+    details = usage.get("prompt_tokens_details")
+    if isinstance(details, dict):
+        outcome.cached_tokens = int(details.get("cached_tokens") or 0)
+
+
+def _count_tokens(chunk: bytes) -> int:
+    """Token-bearing pieces in relayed events: one per non-empty content/text delta (vLLM streams one
+    token per delta). Used only when no usage report arrives (the client went away)."""
+    return (chunk.count(b'"content":"') - chunk.count(b'"content":""')
+            + chunk.count(b'"text":"') - chunk.count(b'"text":""'))
+
+
+_ERROR_EVENT = b'data: {"error"'
+
+
+def clean_error_events(out: bytes) -> bytes:
+    """An engine's mid-stream error event (``data: {"error": {...}}``) in OpenAI's shape with only what a
+    client may read: a 4xx's message reduced by :func:`client_text`, a 5xx's replaced by Baton's sentence;
+    other events as they are. Called only on chunks that hold such an event."""
+    kept: list[bytes] = []
+    for ev in out.split(b"\n\n"):
+        if ev.startswith(_ERROR_EVENT):
+            try:
+                err = orjson.loads(ev[6:]).get("error")
+            except (orjson.JSONDecodeError, AttributeError):
+                err = None
+            raw = err.get("message") if isinstance(err, dict) else None
+            code = err.get("code") if isinstance(err, dict) else None
+            status = code if isinstance(code, int) and 400 <= code < 500 else 500  # vLLM puts the status in code
+            message = (client_text(raw) if status < 500 and isinstance(raw, str) and raw
+                       else "The model failed to answer. Try again.")
+            kept.append(b"data: " + openai_error_body(message, status=status, code=None))
+            continue
+        kept.append(ev)
+    return b"\n\n".join(kept)
+
+
+def _split_usage(out: bytes, outcome: Outcome, strip: bool) -> bytes:
+    """Reads the usage report out of complete events; drops its event when the client did not ask."""
+    events = out.split(b"\n\n")
+    kept: list[bytes] = []
+    for ev in events:
+        if _USAGE in ev and ev.startswith(b"data: {"):
+            try:
+                data = orjson.loads(ev[6:])
+            except orjson.JSONDecodeError:
+                kept.append(ev)
+                continue
+            if isinstance(data, dict) and isinstance(data.get("usage"), dict):
+                read_usage(data["usage"], outcome)
+                if strip and not data.get("choices"):
+                    continue
+        kept.append(ev)
+    return b"\n\n".join(kept)
+
+
+class SSERelay(Response):
+    """An ASGI response relaying one upstream SSE stream; calls ``done`` exactly once at the end."""
+
+    def __init__(self, response: UpstreamResponse, outcome: Outcome, *, strip_usage: bool,
+                 headers: list[tuple[bytes, bytes]], done: Callable[[Outcome], None]) -> None:
+        self.status_code = 200
+        self.background = None
+        self.raw_headers = headers
+        self._response = response
+        self._outcome = outcome
+        self._strip = strip_usage
+        self._done = done
+        self._disconnected = False
+        self._ending = False  # the last body message is being sent: a disconnect now is no cancel
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        me = asyncio.current_task()
+        watcher = asyncio.create_task(self._watch(receive, me))
+        outcome = self._outcome
+        finished = False
+        try:
+            await send({"type": "http.response.start", "status": 200, "headers": self.raw_headers})
+            await self._relay(send)
+            finished = True
+        except asyncio.CancelledError:
+            if not self._disconnected:
+                raise
+            if me is not None:
+                me.uncancel()
+        except OSError:  # the client's socket is gone (ASGI 2.4: send raises)
+            self._disconnected = True
+        finally:
+            watcher.cancel()
+            if not finished:
+                outcome.metered = True  # the engine worked; what reached the client is counted
+                outcome.status = m.RequestStatus.CANCELLED
+                outcome.error_code = "client_disconnected"
+                outcome.http_status = 499
+            outcome.end_pc = time.perf_counter()
+            self._done(outcome)
+            asyncio.get_running_loop().create_task(self._response.aclose())
+
+    async def _watch(self, receive: Receive, task: asyncio.Task[Any] | None) -> None:
+        while True:
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                if self._ending:
+                    return
+                self._disconnected = True
+                if task is not None:
+                    task.cancel()
+                return
+
+    async def _relay(self, send: Send) -> None:
+        outcome = self._outcome
+        strip = self._strip
+        frames = SSEFrames()
+        saw_done = False
+        last = outcome.start_pc
+        try:
+            async for received in self._response.aiter_raw():
+                now = time.perf_counter()
+                out = frames.feed(received)
+                if not out:
+                    continue
+                n = _count_tokens(out)
+                if n:
+                    if outcome.first_token is None:
+                        outcome.first_token = now
+                    else:
+                        outcome.gaps.append(now - last)
+                    last = now
+                    outcome.completion_tokens += n
+                if _USAGE in out:
+                    out = _split_usage(out, outcome, strip)
+                    if not out.strip():
+                        continue
+                if _ERROR_EVENT in out:
+                    out = clean_error_events(out)
+                if _DONE in out:
+                    saw_done = True
+                await send({"type": "http.response.body", "body": out, "more_body": True})
+        except httpx.HTTPError as exc:
+            await self._fail(send, transport_error(exc))
+            return
+        if pending := frames.pending:
+            if _DONE in pending:
+                saw_done = True
+            await send({"type": "http.response.body", "body": pending, "more_body": True})
+        if not saw_done:
+            await self._fail(send, errors.UpstreamError("The model's stream ended early. Try again."))
+            return
+        outcome.metered = True
+        self._ending = True
+        await send({"type": "http.response.body", "body": b"", "more_body": False})
+
+    async def _fail(self, send: Send, exc: errors.BatonError) -> None:
+        outcome = self._outcome
+        outcome.status = m.RequestStatus.FAILED
+        outcome.http_status = exc.status
+        outcome.error_code = exc.code
+        outcome.metered = True  # the engine worked and tokens reached the client
+        body = openai_error_body(exc.title, status=exc.status, code=exc.code)
+        self._ending = True
+        await send({"type": "http.response.body", "body": b"event: error\ndata: " + body + b"\n\n" + _DONE + b"\n\n",
+                    "more_body": True})
+        await send({"type": "http.response.body", "body": b"", "more_body": False})
+
+
+def sse_headers(extra: Mapping[str, str]) -> list[tuple[bytes, bytes]]:
+    headers = [
+        (b"content-type", b"text/event-stream; charset=utf-8"),
+        (b"cache-control", b"no-cache"),
+        (b"x-accel-buffering", b"no"),
+    ]
+    headers.extend((k.encode("latin-1"), v.encode("latin-1")) for k, v in extra.items())
+    return headers
+
 
 @dataclass(frozen=True, slots=True)
 class TokenStall:
@@ -84,294 +267,6 @@ class StreamBrokenError(errors.UpstreamError):
     title = "The model's stream broke and could not be resumed. Try again."
 
 
-@dataclass(frozen=True, slots=True)
-class ResumePolicy:
-    attempts: int = 6
-    budget_s: float = 30.0
-    backoff_s: float = 0.1
-    backoff_max_s: float = 2.0
-
-    def delay(self, retry: int) -> float:
-        """Wait before retry number ``retry`` (1-based): none for the first, then doubling."""
-        return 0.0 if retry <= 1 else min(self.backoff_s * 2 ** (retry - 2), self.backoff_max_s)
-
-
-def resumable(endpoint: str, payload: dict[str, Any]) -> bool:
-    """Whether a streaming request can be continued from its token ids after a break."""
-    if (payload.get("n") or 1) != 1:
-        return False
-    if any(payload.get(name) not in (None, False) for name in NOT_RESUMABLE):
-        return False
-    if endpoint == "completions":
-        prompt = payload.get("prompt")
-        single_ids = isinstance(prompt, list) and bool(prompt) and all(isinstance(t, int) for t in prompt)
-        return isinstance(prompt, str) or single_ids
-    return endpoint == "chat/completions"
-
-
-def completion_limit(endpoint: str, payload: dict[str, Any]) -> int | None:
-    """The completion-token limit of the original request (vLLM's completions default: 16)."""
-    if endpoint == "chat/completions":
-        value = payload.get("max_completion_tokens") or payload.get("max_tokens")
-    else:
-        value = payload.get("max_tokens", 16)
-    return value if isinstance(value, int) and not isinstance(value, bool) else None
-
-
-def continuation_body(endpoint: str, payload: dict[str, Any], prompt_ids: list[int],
-                      sent_ids: list[int]) -> dict[str, Any] | None:
-    """The ``/completions`` body that continues after ``sent_ids``; None when nothing is left to generate."""
-    body: dict[str, Any] = {k: payload[k] for k in CARRIED if k in payload}
-    body.update(model=payload["model"], prompt=[*prompt_ids, *sent_ids], stream=True,
-                stream_options={"include_usage": True}, return_token_ids=True)
-    limit = completion_limit(endpoint, payload)
-    if limit is not None:
-        if limit - len(sent_ids) <= 0:
-            return None
-        body["max_tokens"] = limit - len(sent_ids)
-    min_tokens = payload.get("min_tokens")
-    if isinstance(min_tokens, int) and not isinstance(min_tokens, bool):
-        body["min_tokens"] = max(min_tokens - len(sent_ids), 0)
-    return body
-
-
-class PoolHealth:
-    """Upstream pools that failed a call just now, per base URL, as the gateway saw them.
-
-    A pool is taken as down for ``hold_s`` after a failed call (no answer, or a 502/503/504 from Serve's
-    ingress: no live replica behind it); meanwhile calls go to the fallback first. Any answer from it
-    again clears the mark."""
-
-    def __init__(self, hold_s: float = 2.0) -> None:
-        self.hold_s = hold_s
-        self._down_until: dict[str, float] = {}
-
-    def down(self, pool: str) -> bool:
-        until = self._down_until.get(pool)
-        if until is None:
-            return False
-        if time.monotonic() >= until:
-            self._down_until.pop(pool, None)
-            return False
-        return True
-
-    def failed(self, pool: str) -> None:
-        self._down_until[pool] = time.monotonic() + self.hold_s
-
-    def answered(self, pool: str) -> None:
-        self._down_until.pop(pool, None)
-
-
-class FailoverOpener:
-    """An :data:`Opener` over a deployment's pool and its fallback pool (the aggregated fallback of the
-    recovery ladder: a P/D deployment's prefill engine is a whole engine and decodes too).
-
-    A replica that died does not make its pool fail fast: Serve's HAProxy sends the call to Serve's
-    own proxy, which holds it until Ray has replaced the replica (tens of seconds on CPU hosts). So the
-    pool is judged by how it answers, live:
-
-    - a request's first call goes to the primary pool; if that gives no answer or a 502/503/504, the
-      same call goes at once to the fallback, and if the primary has not answered within ``hedge_s``
-      the fallback is asked too;
-    - a later call (a retry before the first token, the rest of a broken stream) and any call while the
-      primary failed just now (:class:`PoolHealth`) go to both pools at once.
-
-    The first usable answer wins; the other call is cancelled (the same greedy continuation from either
-    pool: the client's stream does not tell them apart). Each call the fallback wins is an
-    ``aggregated_fallback`` step of the request, which ``/metrics`` counts (``baton_recovery_events``).
-    When both fail, the primary's failure is what the caller sees (retries and budgets stay the caller's)."""
-
-    def __init__(self, primary: Opener, fallback: Opener, health: PoolHealth, pool: str, outcome: Outcome,
-                 *, hedge_s: float = 2.0) -> None:
-        self._primary = primary
-        self._fallback = fallback
-        self._health = health
-        self._pool = pool
-        self._outcome = outcome
-        self._hedge_s = hedge_s
-        self._calls = 0
-        self.last = "primary"
-
-    async def __call__(self, endpoint: str, body: bytes) -> UpstreamResponse:
-        self._calls += 1
-        t0 = time.perf_counter()
-        down = self._health.down(self._pool)
-        delay = self._hedge_s if self._calls == 1 and not down else 0.0
-        primary: asyncio.Future[UpstreamResponse | _NoAnswer] = asyncio.ensure_future(
-            self._try(self._primary, endpoint, body))
-        fallback: asyncio.Future[UpstreamResponse | _NoAnswer] | None = None
-        failed: _NoAnswer | None = None
-        try:
-            if delay > 0:
-                first, _ = await asyncio.wait({primary}, timeout=delay)
-                if primary in first:
-                    answer = primary.result()
-                    if not isinstance(answer, _NoAnswer):
-                        return self._served_by_primary(answer)
-                    failed = answer
-            fallback = asyncio.ensure_future(self._try(self._fallback, endpoint, body))
-            pending: set[asyncio.Future[UpstreamResponse | _NoAnswer]] = {fallback}
-            if failed is None:
-                pending.add(primary)
-            fallback_failed: _NoAnswer | None = None
-            while pending:
-                done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
-                for task in sorted(done, key=lambda f: f is not primary):  # the primary wins a tie
-                    answer = task.result()
-                    if isinstance(answer, _NoAnswer):
-                        if task is primary:
-                            failed = answer
-                        else:
-                            fallback_failed = answer
-                        continue
-                    for other in done - {task}:
-                        _close_answer(other)
-                    if task is primary:
-                        return self._served_by_primary(answer)
-                    self._health.failed(self._pool)
-                    why = (f"decode pool: {failed.why}" if failed is not None else
-                           "the decode pool failed a call just now" if down else
-                           "the decode pool had not answered" if self._calls == 1 else
-                           "the decode pool raced after a break")
-                    return self._served_by_fallback(answer, t0, why)
-            self._health.failed(self._pool)
-            assert failed is not None
-            fallback_why = fallback_failed.why if fallback_failed is not None else "no answer"
-            self._outcome.step(STEP_AGGREGATED_FALLBACK, t0, "failed",
-                               f"decode pool: {failed.why}; fallback: {fallback_why}")
-            self.last = "primary"
-            return failed.reraise()
-        finally:
-            for call in (primary, fallback):
-                if call is not None and not call.done():
-                    call.cancel()
-                    call.add_done_callback(_close_answer)
-
-    def _served_by_primary(self, response: UpstreamResponse) -> UpstreamResponse:
-        self._health.answered(self._pool)
-        self.last = "primary"
-        return response
-
-    async def _try(self, opener: Opener, endpoint: str, body: bytes) -> UpstreamResponse | _NoAnswer:
-        """The answer, or why there was none (a 502/503/504 answer is read, closed and counts as none)."""
-        try:
-            response = await opener(endpoint, body)
-        except httpx.HTTPError as exc:
-            return _NoAnswer(f"upstream {type(exc).__name__}", error=exc)
-        if response.status_code not in FAILOVER_STATUSES:
-            return response
-        content = await response.drain()
-        return _NoAnswer(f"upstream status {response.status_code}", status=response.status_code, content=content)
-
-    def _served_by_fallback(self, response: UpstreamResponse, t0: float, why: str) -> UpstreamResponse:
-        self.last = "fallback"
-        self._outcome.step(STEP_AGGREGATED_FALLBACK, t0, "recovered" if response.status_code == 200 else "failed",
-                           f"{why}; served by the prefill pool's engine")
-        return response
-
-
-def _close_answer(task: asyncio.Future[Any]) -> None:
-    """Closes the answer of a call that lost the race (or was cancelled after it answered)."""
-    if task.cancelled() or task.exception() is not None:
-        return
-    answer = task.result()
-    if not isinstance(answer, _NoAnswer):
-        closing = asyncio.ensure_future(answer.aclose())
-        _closing.add(closing)
-        closing.add_done_callback(_closing.discard)
-
-
-_closing: set[asyncio.Future[Any]] = set()
-
-
-#: Statuses of a pool that cannot take the call now (Serve's ingress with no live replica, a replica dying).
-FAILOVER_STATUSES = frozenset({502, 503, 504})
-
-
-@dataclass(frozen=True, slots=True)
-class _NoAnswer:
-    why: str
-    error: httpx.HTTPError | None = None
-    status: int = 0
-    content: bytes = b""
-
-    def reraise(self) -> UpstreamResponse:
-        """What the caller sees of the primary's failure: its error, or its (already read) answer."""
-        if self.error is not None:
-            raise self.error
-        return UpstreamResponse.read(self.status, self.content)
-
-
-class Attempts:
-    """Every upstream call of one request, in one place: the first call, its retries before the first token
-    and the resumed streams after it share one count (``policy.attempts``); each recovery gets
-    ``policy.budget_s`` from the failure that started it, with the policy's backoff between calls. Without
-    a policy a request has its one call and nothing is retried."""
-
-    __slots__ = ("body", "endpoint", "opener", "outcome", "policy", "used")
-
-    def __init__(self, opener: Opener, endpoint: str, body: bytes, *, policy: ResumePolicy | None,
-                 outcome: Outcome) -> None:
-        self.opener = opener
-        self.endpoint = endpoint
-        self.body = body  # the original request as the upstream gets it
-        self.policy = policy
-        self.outcome = outcome
-        self.used = 0  # retries and resumes so far
-
-    async def first(self) -> tuple[UpstreamResponse | None, httpx.HTTPError | None]:
-        """The request's first call; with a policy, transport errors (a stall included) and 5xx are retried
-        (nothing was sent yet). Returns (the answer, None), or (None, the last transport error, or None when
-        the last failure was a 5xx answer)."""
-        try:
-            response = await self.opener(self.endpoint, self.body)
-        except httpx.HTTPError as exc:
-            if self.policy is None:
-                return None, exc
-            why = f"upstream {type(exc).__name__}"
-            failed: httpx.HTTPError | None = exc
-        else:
-            if self.policy is None or response.status_code not in RETRY_STATUSES:
-                return response, None
-            why = f"upstream status {response.status_code}"
-            failed = None
-            await response.aclose()
-        t0 = time.perf_counter()
-        retried, more = await self.again(self.endpoint, self.body)
-        ok = retried is not None and retried.status_code == 200
-        self.outcome.step(STEP_DECODE_RESUME, t0, "recovered" if ok else "failed",
-                          f"{why}; {more or 'retried before the first token'}")
-        return retried, failed
-
-    async def again(self, endpoint: str, body: bytes) -> tuple[UpstreamResponse | None, str]:
-        """Calls until an answer that is not a transport error or a 5xx, within a fresh time budget. Returns
-        (an answer with status 200, "") or (None, why); an answer with another status (4xx: the request itself
-        is refused) is final at once and returned open, for the caller to read."""
-        policy = self.policy
-        if policy is None:
-            return None, "no retries"
-        deadline = time.monotonic() + policy.budget_s
-        why = "no attempt left"
-        while self.used < policy.attempts:
-            now = time.monotonic()
-            if now >= deadline:
-                return None, f"{why}; time budget spent"
-            self.used += 1
-            wait = min(policy.delay(self.used), deadline - now)
-            if wait > 0:
-                await asyncio.sleep(wait)
-            try:
-                response = await self.opener(endpoint, body)
-            except httpx.HTTPError as exc:
-                why = f"upstream {type(exc).__name__}"
-                continue
-            if response.status_code == 200 or response.status_code not in RETRY_STATUSES:
-                return response, "" if response.status_code == 200 else f"upstream status {response.status_code}"
-            await response.aclose()
-            why = f"upstream status {response.status_code}"
-        return None, f"{why}; {policy.attempts} attempts used"
-
-
 @dataclass(slots=True)
 class _Stream:
     """What the client has been sent so far."""
@@ -393,7 +288,11 @@ class _Stream:
 
 
 _IDS = b',"token_ids":['
+
+
 _CHAT_TEXT = b'"content":"'
+
+
 _TEXT = b'"text":"'
 
 

@@ -10,8 +10,9 @@ from typing import Any
 import httpx
 import orjson
 
+from baton.api.gateway.attempts import trace_context, upstream_error
 from baton.api.gateway.metering import Outcome
-from baton.api.gateway.proxy import SSERelay, _count_tokens, _split_usage, trace_context, upstream_error
+from baton.api.gateway.relay import SSERelay, _count_tokens, _split_usage
 from baton.core import errors
 from baton.core import models as m
 
