@@ -1,8 +1,10 @@
 """Who is calling: API key -> tenant, models and limits, cached in the gateway process.
 
 The hot path never touches Postgres once a key is cached. A lookup costs one HMAC and one dict read;
-a miss (or an entry older than ``ttl``) loads the key, its tenant, the tenant's models and limits in
-one read-only transaction (in a worker thread), with one load per key in flight at a time.
+a miss loads the key, its tenant, the tenant's models and limits in one read-only transaction (in a
+worker thread), with one load per key in flight at a time. An entry older than ``ttl`` is served while it
+is read again in the background (stale-while-revalidate): a request never waits for Postgres for a key the
+process knows, however long the key was idle.
 
 Freshness: every mutation of keys or tenants is announced on Redis
 (:data:`baton.core.contracts.INVALIDATION_CHANNEL`); :class:`InvalidationListener` drops the affected
@@ -254,6 +256,7 @@ class PrincipalCache:
         self._by_key: dict[uuid.UUID, bytes] = {}
         self._by_tenant: dict[uuid.UUID, set[bytes]] = {}
         self._inflight: dict[bytes, asyncio.Future[Principal | None]] = {}
+        self._revalidating: set[asyncio.Task[None]] = set()  # background re-reads (a reference keeps them)
         self.generation = 0
 
     async def authenticate(self, authorization: str | None) -> Principal:
@@ -266,10 +269,12 @@ class PrincipalCache:
             raise errors.AuthenticationError(_INVALID_KEY)
         key_hash = hash_secret(self._secret, token)
         entry = self._entries.get(key_hash)
-        if entry is None or self._clock() - entry[1] > self.ttl:
+        if entry is None or (entry[0] is None and self._clock() - entry[1] > self.ttl):
             principal = await self._refresh(key_hash, entry)
         else:
             principal = entry[0]
+            if self._clock() - entry[1] > self.ttl:
+                self._revalidate(key_hash, entry)
         if principal is None:
             if await self._secret_mismatch():
                 raise errors.KeySecretMismatchError(self.secret_problem or "")
@@ -309,6 +314,22 @@ class PrincipalCache:
         """Writes the last uses still in memory."""
         if self.uses is not None:
             await self.uses.stop()
+
+    def _revalidate(self, key_hash: bytes, stale: _Entry) -> None:
+        """Re-reads a known key past its TTL in the background while the request goes on with what the cache
+        holds (stale-while-revalidate: no request waits for Postgres for a key it knows; what changed
+        unannounced is seen by the next request, what was announced on Redis was dropped already)."""
+        if key_hash in self._inflight:
+            return
+        task = asyncio.get_running_loop().create_task(self._refresh_quietly(key_hash, stale))
+        self._revalidating.add(task)
+        task.add_done_callback(self._revalidating.discard)
+
+    async def _refresh_quietly(self, key_hash: bytes, stale: _Entry) -> None:
+        try:
+            await self._refresh(key_hash, stale)
+        except Exception as exc:  # Postgres away: the stale entry stays, the next request tries again
+            log.debug("key re-read failed (%s)", type(exc).__name__)
 
     async def _refresh(self, key_hash: bytes, stale: _Entry | None) -> Principal | None:
         fut = self._inflight.get(key_hash)

@@ -6,7 +6,8 @@
   prefix ``/<deployment name>``, serving the catalogue model name). A P/D deployment's prefill pool is
   an application of its own at ``/<deployment name>.prefill``: the upstream's fallback, a whole engine
   that also decodes, for when the decode pool cannot take a call. The whole table is read at most once
-  per ``ttl`` seconds, in a worker thread; if Postgres is down the last known routes stay.
+  per ``ttl`` seconds, in a worker thread, in the background once it is known (a request never waits for
+  the read of a route it has); if Postgres is down the last known routes stay.
 - :class:`ChainRouter`: the first router that knows the model wins.
 """
 
@@ -71,13 +72,26 @@ class DeploymentRouter:
         self._routes: dict[str, Upstream] = {}
         self._loaded_at = float("-inf")
         self._lock = asyncio.Lock()
+        self._reloading: asyncio.Task[None] | None = None  # the background re-read, while one runs
 
     async def resolve(self, model: str) -> Upstream | None:
+        """The model's route. Past the TTL, a known route is answered at once while the routes are read again
+        in the background (a request never waits for Postgres after an idle spell); a model without a route
+        waits for the read (it may have been deployed just now)."""
         if time.monotonic() - self._loaded_at > self._ttl:
-            async with self._lock:
-                if time.monotonic() - self._loaded_at > self._ttl:
-                    await self._reload()
+            route = self._routes.get(model)
+            if route is None:
+                await self._reload_once()
+            else:
+                if self._reloading is None or self._reloading.done():
+                    self._reloading = asyncio.get_running_loop().create_task(self._reload_once())
+                return route
         return self._routes.get(model)
+
+    async def _reload_once(self) -> None:
+        async with self._lock:
+            if time.monotonic() - self._loaded_at > self._ttl:
+                await self._reload()
 
     async def _reload(self) -> None:
         try:

@@ -52,15 +52,56 @@ def _setup() -> tuple[PrincipalCache, Loader, Clock, str, Principal]:
     return cache, loader, clock, f"Bearer {secret}", principal
 
 
-def test_lookups_are_cached_until_the_ttl() -> None:
+def test_lookups_are_cached_and_reread_in_the_background_past_the_ttl() -> None:
     cache, loader, clock, header, principal = _setup()
 
     async def go() -> None:
         assert await cache.authenticate(header) is principal
         assert await cache.authenticate(header) is principal
         assert loader.calls == 1
+        changed = _principal(key_id=principal.key_id, tenant_id=principal.tenant_id, cache_salt="new")
+        loader.rows[next(iter(loader.rows))] = changed
         clock.now = 11
-        await cache.authenticate(header)
+        assert await cache.authenticate(header) is principal  # past the TTL: answered from the cache ...
+        for _ in range(100):  # ... while the key is read again in a worker thread
+            await asyncio.sleep(0.01)
+            if loader.calls == 2:
+                break
+        assert loader.calls == 2
+        assert await cache.authenticate(header) is changed
+        assert loader.calls == 2
+
+    asyncio.run(go())
+
+
+def test_a_request_past_the_ttl_never_waits_for_the_database() -> None:
+    """The re-read of a known key blocks in its worker thread; the request is answered meanwhile, once."""
+    import threading
+
+    cache, loader, clock, header, principal = _setup()
+    gate = threading.Event()
+    inner = Loader.__call__
+
+    def slow(self: Loader, key_hash: bytes) -> Principal | None:
+        if self.calls >= 1:
+            gate.wait(5)
+        return inner(self, key_hash)
+
+    async def go() -> None:
+        assert await cache.authenticate(header) is principal
+        Loader.__call__ = slow  # type: ignore[method-assign]
+        try:
+            clock.now = 11
+            answers = await asyncio.wait_for(asyncio.gather(*[cache.authenticate(header) for _ in range(5)]), 2)
+            assert all(a is principal for a in answers)
+            assert len(cache._inflight) == 1  # one re-read, however many requests came past the TTL
+        finally:
+            gate.set()
+            Loader.__call__ = inner  # type: ignore[method-assign]
+        for _ in range(100):
+            await asyncio.sleep(0.01)
+            if not cache._inflight:
+                break
         assert loader.calls == 2
 
     asyncio.run(go())
