@@ -443,7 +443,6 @@ class Gateway:
         outcome.ticket = ticket
         return ticket
 
-
     async def _refused(self, response: UpstreamResponse, outcome: Outcome, lease: Lease | None) -> errors.BatonError:
         """The client's error for an upstream answer other than 200 (the request ends failed)."""
         err = upstream_error(response.status_code, await response.drain())
@@ -505,7 +504,6 @@ class Gateway:
         outcome.end_pc = outcome.first_token = time.perf_counter()
         self._finish(outcome, lease)
         return Response(content, status_code=200, headers=headers, media_type="application/json")
-
 
     def _end(self, outcome: Outcome, lease: Lease | None, status: m.RequestStatus, http_status: int,
              code: str | None) -> None:
