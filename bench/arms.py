@@ -93,9 +93,10 @@ def gateway_env(tenant: BatonTenant, *, upstreams: dict[str, str], tracing: bool
 
 
 def start_gateway(name: str, env: dict[str, str], *, cpus: list[int] | None = None, workers: int = 1,
-                  timeout_s: float = 60.0) -> tuple[Proc, str]:
+                  timeout_s: float = 180.0) -> tuple[Proc, str]:
     """Baton's gateway as ``baton gateway run`` starts it (``workers`` processes); returns the process (and
-    its children) and its ``/v1`` base URL."""
+    its children) and its ``/v1`` base URL. ``timeout_s``: how long it may take to answer ``/healthz`` (a few
+    seconds on a quiet machine; several worker processes importing at once on a loaded one take longer)."""
     port = free_port()
     # as it ships (`baton gateway run`: uvloop, httptools, the gateway's keep-alive and shutdown settings)
     cmd = [python(), "-m", "baton.cli.main", "gateway", "run", "--host", "127.0.0.1", "--port", str(port),

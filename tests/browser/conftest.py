@@ -141,6 +141,15 @@ def stack(settings, db: Database) -> Iterator[Stack]:  # type: ignore[no-untyped
             yield Stack(url=url, model=model_name, model_id=model_id, operator_email=operator_email, db=db)
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _expect_timeout() -> None:
+    """``expect`` waits as long as the pages' own actions (15 s, not Playwright's 5 s): on a loaded machine a
+    page's data can take longer than 5 s to arrive; a check that fails still fails, 10 s later."""
+    from playwright.sync_api import expect
+
+    expect.set_options(timeout=15_000)
+
+
 @pytest.fixture(scope="module")
 def browser() -> Iterator[Any]:
     """Module-scoped: Playwright's sync API runs an event loop in this thread until it exits, and later
