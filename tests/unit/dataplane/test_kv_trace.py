@@ -14,14 +14,12 @@ import pytest
 
 pytest.importorskip("vllm")
 
-from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorTransferResults
 from vllm.distributed.kv_transfer.kv_connector.v1.nixl.metadata import NixlConnectorMetadata
 from vllm.distributed.kv_transfer.kv_connector.v1.nixl.pull_worker import NixlPullConnectorWorker
 
 from baton.core import telemetry as t
 from baton.core.contracts import KvLoadFailedFact, KvTransferFact, kv_bytes
-from baton.core.settings import TelemetrySettings
 from baton.dataplane import kv_trace
 from baton.dataplane import tracing as dp_tracing
 
@@ -84,13 +82,6 @@ def request(req_id: str, prompt_tokens: int, *, traced: bool = True) -> Any:
         params[dp_tracing.REQUEST_ID_PARAM] = "feedface"
     return SimpleNamespace(request_id=req_id, kv_transfer_params=params, num_prompt_tokens=prompt_tokens)
 
-
-@pytest.fixture
-def spans(monkeypatch: pytest.MonkeyPatch) -> InMemorySpanExporter:
-    exporter = InMemorySpanExporter()
-    monkeypatch.setattr(dp_tracing, "_tracing",
-                        t.setup_tracing(TelemetrySettings(service_name="engine"), exporter=exporter, batch=False))
-    return exporter
 
 
 @pytest.fixture

@@ -6,23 +6,14 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
-import pytest
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from baton.core import telemetry as t
-from baton.core.settings import TelemetrySettings
 from baton.dataplane import tracing as dp_tracing
 
 TRACE = "0af7651916cd43dd8448eb211c80319c"
 PARENT = "b7ad6b7169203331"
 
-
-@pytest.fixture
-def spans(monkeypatch: pytest.MonkeyPatch) -> InMemorySpanExporter:
-    exporter = InMemorySpanExporter()
-    monkeypatch.setattr(dp_tracing, "_tracing",
-                        t.setup_tracing(TelemetrySettings(service_name="dp"), exporter=exporter, batch=False))
-    return exporter
 
 
 def _request(headers: dict[str, str]) -> None:

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import threading
 import uuid
+from collections.abc import Callable
 
 import pytest
 
@@ -52,6 +54,14 @@ def _setup() -> tuple[PrincipalCache, Loader, Clock, str, Principal]:
     return cache, loader, clock, f"Bearer {secret}", principal
 
 
+async def _until(done: Callable[[], bool]) -> None:
+    """Lets the event loop and the cache's worker threads run until ``done()`` (at most a second)."""
+    for _ in range(100):
+        if done():
+            return
+        await asyncio.sleep(0.01)
+
+
 def test_lookups_are_cached_and_reread_in_the_background_past_the_ttl() -> None:
     cache, loader, clock, header, principal = _setup()
 
@@ -63,10 +73,7 @@ def test_lookups_are_cached_and_reread_in_the_background_past_the_ttl() -> None:
         loader.rows[next(iter(loader.rows))] = changed
         clock.now = 11
         assert await cache.authenticate(header) is principal  # past the TTL: answered from the cache ...
-        for _ in range(100):  # ... while the key is read again in a worker thread
-            await asyncio.sleep(0.01)
-            if loader.calls == 2:
-                break
+        await _until(lambda: loader.calls == 2)  # ... while the key is read again in a worker thread
         assert loader.calls == 2
         assert await cache.authenticate(header) is changed
         assert loader.calls == 2
@@ -74,34 +81,38 @@ def test_lookups_are_cached_and_reread_in_the_background_past_the_ttl() -> None:
     asyncio.run(go())
 
 
-def test_a_request_past_the_ttl_never_waits_for_the_database() -> None:
-    """The re-read of a known key blocks in its worker thread; the request is answered meanwhile, once."""
-    import threading
+class GatedLoader(Loader):
+    """A loader whose reads after the first block until the test opens the gate."""
 
-    cache, loader, clock, header, principal = _setup()
-    gate = threading.Event()
-    inner = Loader.__call__
+    def __init__(self) -> None:
+        super().__init__()
+        self.gate = threading.Event()
 
-    def slow(self: Loader, key_hash: bytes) -> Principal | None:
+    def __call__(self, key_hash: bytes) -> Principal | None:
         if self.calls >= 1:
-            gate.wait(5)
-        return inner(self, key_hash)
+            self.gate.wait(5)
+        return super().__call__(key_hash)
+
+
+def test_a_request_past_the_ttl_never_waits_for_the_database() -> None:
+    """The re-read of a known key blocks in its worker thread; the requests are answered meanwhile, and the
+    key is read once however many requests came past the TTL."""
+    loader, clock = GatedLoader(), Clock()
+    cache = PrincipalCache(loader, key_secret=SECRET, ttl=10, clock=clock)
+    secret, principal = new_secret(), _principal()
+    loader.rows[hash_secret(SECRET, secret)] = principal
+    header = f"Bearer {secret}"
 
     async def go() -> None:
         assert await cache.authenticate(header) is principal
-        Loader.__call__ = slow  # type: ignore[method-assign]
+        clock.now = 11
         try:
-            clock.now = 11
             answers = await asyncio.wait_for(asyncio.gather(*[cache.authenticate(header) for _ in range(5)]), 2)
             assert all(a is principal for a in answers)
-            assert len(cache._inflight) == 1  # one re-read, however many requests came past the TTL
+            assert len(cache._inflight) == 1
         finally:
-            gate.set()
-            Loader.__call__ = inner  # type: ignore[method-assign]
-        for _ in range(100):
-            await asyncio.sleep(0.01)
-            if not cache._inflight:
-                break
+            loader.gate.set()
+        await _until(lambda: not cache._inflight)
         assert loader.calls == 2
 
     asyncio.run(go())
