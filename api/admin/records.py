@@ -10,6 +10,7 @@ from fastapi import APIRouter, Query
 
 from baton.control.records import RequestFilter, request_records
 from baton.core import models as m
+from baton.core.repositories import AuditBy
 
 from .deps import Admin, Ctx, Paging
 from .problems import ProblemRoute
@@ -70,11 +71,13 @@ def list_audit(*,
     target_id: Annotated[str | None, Query(max_length=64)] = None,
     actor: Annotated[str | None, Query(max_length=200)] = None,
     action: Annotated[str | None, Query(max_length=100)] = None,
+    by: Annotated[AuditBy | None, Query(description="`people`: changes by users and admin tokens; `platform`: "
+                                                    "changes Baton made itself (the reconciler, jobs).")] = None,
 ) -> Page[AuditPublic]:
     """Every change, newest first, with its target and tenant named (one look-up for the page)."""
     with ctx.db.system() as uow:
         stmt = uow.audit.query(target_type=target_type, tenant_id=tenant_id, target_id=target_id, actor=actor,
-                               action=action)
+                               action=action, by=by)
         rows, total = uow.audit.page(stmt, limit=paging.limit, offset=paging.offset)
         data = [AuditPublic.model_validate(r).model_copy(update={"target_name": target, "tenant_name": tenant})
                 for r, (target, tenant) in zip(rows, uow.audit.names(rows), strict=True)]

@@ -40,6 +40,7 @@ from baton.control.records import RequestFilter, request_records
 from baton.control.usecase import Actor
 from baton.control.views import Precondition
 from baton.core import models as m
+from baton.core.repositories import AuditBy
 
 router = APIRouter(prefix="/ops", tags=["console: operator"], route_class=ConsoleRoute)
 
@@ -287,13 +288,16 @@ def list_jobs(
 def audit_log(*, ctx: Ctx, user: OperatorUser, limit: Annotated[int, Query(ge=1, le=500)] = 100,
               offset: Annotated[int, Query(ge=0, le=10_000_000)] = 0,
               target_type: Annotated[str | None, Query(max_length=64)] = None,
+              target_id: Annotated[str | None, Query(max_length=64)] = None,
               tenant_id: Annotated[uuid.UUID | None, Query()] = None,
               actor: Annotated[str | None, Query(max_length=200)] = None,
-              action: Annotated[str | None, Query(max_length=100)] = None) -> dict[str, Any]:
+              action: Annotated[str | None, Query(max_length=100)] = None,
+              by: Annotated[AuditBy | None, Query()] = None) -> dict[str, Any]:
     """Every change, newest first, with its target and tenant named (today's names; a target that is
     gone is named from the entry itself)."""
     with ctx.db.system() as uow:
-        stmt = uow.audit.query(target_type=target_type, tenant_id=tenant_id, actor=actor, action=action)
+        stmt = uow.audit.query(target_type=target_type, target_id=target_id, tenant_id=tenant_id, actor=actor,
+                               action=action, by=by)
         rows, total = uow.audit.page(stmt, limit=limit, offset=offset)
         names = uow.audit.names(rows)
         data = [{

@@ -12,7 +12,7 @@ import hashlib
 import operator
 import uuid
 from collections.abc import Iterable, Mapping, Sequence
-from typing import Any, Generic, TypeVar
+from typing import Any, Generic, Literal, TypeVar
 
 import psycopg
 from sqlalchemy import Date, Integer, Select, delete, func, literal, literal_column, select, text, union_all, update
@@ -29,6 +29,9 @@ T = TypeVar("T", bound=m.Base)
 
 #: Fewer rows than this go in with one ``INSERT ... SELECT FROM unnest(...)``; more, through ``COPY``.
 STAGE_FROM_ROWS = 100
+SYSTEM_ACTOR_PREFIX = "system:"
+"""Audit actors that are Baton itself (``system:reconciler``, ``system:jobs``, ``system:default-grant``)."""
+AuditBy = Literal["people", "platform"]
 
 #: (table, columns, conflict key) -> (statement, bind processor per column), built on first use.
 _UNNEST_INSERTS: dict[tuple[str, tuple[str, ...], str], tuple[str, list[Any]]] = {}
@@ -795,10 +798,16 @@ class AuditRepository(Repository[m.AuditLog]):
 
     def query(
         self, *, target_type: str | None = None, tenant_id: uuid.UUID | None = None, target_id: str | None = None,
-        actor: str | None = None, action: str | None = None,
+        actor: str | None = None, action: str | None = None, by: AuditBy | None = None,
     ) -> Select[tuple[m.AuditLog]]:
+        """``by``: ``people`` keeps changes made by users and admin tokens, ``platform`` those Baton made
+        itself (actors ``system:*``: the reconciler, background jobs, default grants)."""
         a = m.AuditLog
         stmt = select(a)
+        if by == "people":
+            stmt = stmt.where(a.actor.not_like(f"{SYSTEM_ACTOR_PREFIX}%"))
+        elif by == "platform":
+            stmt = stmt.where(a.actor.like(f"{SYSTEM_ACTOR_PREFIX}%"))
         if target_type is not None:
             stmt = stmt.where(a.target_type == target_type)
         if tenant_id is not None:

@@ -205,6 +205,23 @@ def test_audit_rows_name_their_target_and_tenant_in_one_query(operator: Session,
     assert len(names) == len(page) and len(statements) == 1
 
 
+def test_the_audit_log_keeps_apart_what_people_changed_and_what_baton_did(operator: Session, db: Database) -> None:
+    model = _model(operator)
+    with db.system() as uow:  # what the reconciler records about every deployment it sees
+        uow.audit.record(actor="system:reconciler", action="deployment.observed", target_type="model",
+                         target_id=model["id"])
+        uow.commit()
+    seen: dict[str | None, list[tuple[str, str]]] = {}
+    for by in ("people", "platform", None):
+        params = {"target_id": model["id"]} | ({"by": by} if by else {})
+        rows = _call(operator, "GET", "/audit", params=params).json()["data"]
+        seen[by] = sorted((x["actor"], x["action"]) for x in rows)
+    mine = (f"console:{operator.email}", "model.create")
+    assert seen == {"people": [mine], "platform": [("system:reconciler", "deployment.observed")],
+                    None: sorted([mine, ("system:reconciler", "deployment.observed")])}
+    assert _call(operator, "GET", "/audit", params={"by": "robots"}).status_code == 400
+
+
 def test_the_admin_audit_log_names_targets_too(operator: Session, db: Database, settings) -> None:  # type: ignore[no-untyped-def]
     from fastapi import FastAPI
     from fastapi.testclient import TestClient

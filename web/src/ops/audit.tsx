@@ -22,11 +22,12 @@ const words = (type: string) => type.replace(/_/g, " ");
 export function Audit() {
   const [offset, setOffset] = useState(0);
   const [type, setType] = useState("");
+  const [by, setBy] = useState("");
   const limit = 50;
-  const log = useApi<{ data: AuditRow[]; count: number }>(
-    `/ops/audit?limit=${limit}&offset=${offset}${type ? `&target_type=${encodeURIComponent(type)}` : ""}`,
-    [offset, type],
-  );
+  const query = new URLSearchParams({ limit: String(limit), offset: String(offset) });
+  if (type) query.set("target_type", type);
+  if (by) query.set("by", by);
+  const log = useApi<{ data: AuditRow[]; count: number }>(`/ops/audit?${query}`, [offset, type, by]);
   return (
     <Page
       title="Audit log"
@@ -41,6 +42,12 @@ export function Audit() {
                 {words(t)}
               </option>
             ))}
+          </select>{" "}
+          <label htmlFor="audit-by">Made by</label>{" "}
+          <select id="audit-by" value={by} onChange={(e) => { setBy(e.target.value); setOffset(0); }}>
+            <option value="">anyone</option>
+            <option value="people">people and tokens</option>
+            <option value="platform">Baton itself</option>
           </select>
         </div>
       }
