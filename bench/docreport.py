@@ -528,7 +528,8 @@ def _fairness_caption(phase: str, c: dict[str, Any]) -> str:
                 f"{c.get('a_max_tokens', '?')}) {_rate(c['a_rate'])} times a second, open loop, ignoring Retry-After, "
                 f"from {_rate(c.get('lead_s', '?'))} s before B's {dur} s window; B as alone, in A's band")
     if phase == "a_flood_b":
-        return (f"`a_flood_b`: A keeps {c.get('a_concurrency', '?')} streams of {c.get('a_prompt_words', '?')} words "
+        n = c.get("a_concurrency", "?")
+        return (f"`a_flood_b`: A keeps {n} stream{'' if n == 1 else 's'} of {c.get('a_prompt_words', '?')} words "
                 f"(max_tokens {c.get('a_max_tokens', '?')}) in flight, ignoring Retry-After, from "
                 f"{_rate(c.get('lead_s', '?'))} s before B's {dur} s window; B as alone, in A's band")
     if phase == "bands":
@@ -557,6 +558,18 @@ def _fairness_tenants(tenants: dict[str, Any], policies: dict[str, Any]) -> str:
     return _rows(["tenant", "priority", "weight", "sheddable", "sent", "completed", "200", "429", "503", "5xx",
                   "timeouts", "other errors", "Retry-After on every 429", "TTFT p50", "TTFT p90", "TTFT p99",
                   "tokens/s"], rows)
+
+
+def _fairness_records(records: dict[str, Any]) -> str:
+    """Each tenant's requests as Baton's own records saw them: the wait in the gateway's queue and the
+    time to first token after it."""
+    rows = [[name, f"{r['records']:,}", _ms(r["queue_ms"], "p50"), _ms(r["queue_ms"], "p99"),
+             _ms(r["ttft_after_queue_ms"], "p50"), _ms(r["ttft_after_queue_ms"], "p99")]
+            for name, r in records.items()]
+    return ("\nThe same requests in Baton's request records (`GET /admin/v1/requests`), in ms: the wait in the "
+            "gateway's flow-control queue, and the time to first token after it as the gateway timed it:\n\n"
+            + _rows(["tenant", "records", "queue p50", "queue p99", "TTFT after the queue p50",
+                     "TTFT after the queue p99"], rows))
 
 
 def _fairness_bands(p: dict[str, Any]) -> str:
@@ -593,6 +606,8 @@ def _fairness(d: dict[str, Any]) -> str:
     for phase, p in phases.items():
         text = (_fairness_caption(phase, c) + "; TTFT in ms at the client:\n\n"
                 + _fairness_tenants(p["tenants"], policies))
+        if p.get("records"):
+            text += _fairness_records(p["records"])
         if phase == "bands":
             text += _fairness_bands(p)
         if phase == "share" and p.get("share"):

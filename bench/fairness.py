@@ -51,6 +51,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import datetime as dt
 import functools
 import json
 import math
@@ -588,15 +589,52 @@ def _outcomes(raw: Mapping[str, Any]) -> list[Outcome]:
     return [Outcome(**o) for o in raw.get("outcomes", ())]
 
 
-def summarize(cfg: FairnessConfig, raw: Mapping[str, Sequence[Mapping[str, Any]]]) -> dict[str, Any]:
+async def read_records(api: AdminApi, made: Made, raw: Mapping[str, Sequence[Mapping[str, Any]]],
+                       log: Callable[[str], None], *, tries: int = 10) -> dict[str, list[dict[str, Any]]]:
+    """Each tenant's request records (role -> records), once the gateway has written as many as the
+    tenant's completed requests (the gateway writes them in batches, off the request path), or
+    after ``tries`` seconds with what there is."""
+    answered = {role: sum(1 for phase in raw.values() for r in phase if r["tenant"] == role
+                          for o in _outcomes(r) if o.kind == "200")
+                for role in made.tenants}
+    out: dict[str, list[dict[str, Any]]] = {}
+    for attempt in range(tries):
+        out = {role: await api.requests(tid) for role, tid in made.tenants.items()}
+        if all(len(out[role]) >= n for role, n in answered.items()):
+            break
+        if attempt < tries - 1:
+            await asyncio.sleep(1.0)
+    short = {role: f"{len(out[role])} of {n}" for role, n in answered.items() if len(out[role]) < n}
+    if short:
+        log(f"request records not all written yet: {short}")
+    return out
+
+
+def record_figures(records: Sequence[Mapping[str, Any]], window: tuple[float, float]) -> dict[str, Any]:
+    """Baton's own view of one tenant's requests started within ``window`` (epoch seconds): how long they
+    waited in the gateway's queue, and their time to first token after it."""
+    lo, hi = window
+    mine = [r for r in records if lo <= dt.datetime.fromisoformat(r["started_at"]).timestamp() <= hi]
+    queued = [float(r["queue_ms"]) for r in mine if r.get("queue_ms") is not None]
+    after = [float(r["ttft_ms"]) - float(r.get("queue_ms") or 0.0) for r in mine if r.get("ttft_ms") is not None]
+    return {"records": len(mine), "queue_ms": stats.describe(queued, (50, 90, 99)),
+            "ttft_after_queue_ms": stats.describe(after, (50, 90, 99))}
+
+
+def summarize(cfg: FairnessConfig, raw: Mapping[str, Sequence[Mapping[str, Any]]], *,
+              records: Mapping[str, Sequence[Mapping[str, Any]]] | None = None,
+              windows: Mapping[str, tuple[float, float]] | None = None) -> dict[str, Any]:
     """The result's figures from each phase's driver results (``{phase: [drive(...) result, ...]}``):
-    per tenant and phase, per band, the derived figures and the targets."""
+    per tenant and phase, per band, the derived figures and the targets; with ``records`` (role -> request
+    records) and ``windows`` (phase -> its span), each tenant's figures from Baton's records too."""
     phases: dict[str, Any] = {}
     ttft_samples: dict[str, list[float]] = {}
     weights = {"a": 1.0, "b": 1.0, **{b.name: b.weight for b in cfg.bands}, **SHARE_WEIGHTS}
     for phase, results in raw.items():
         tenants = {r["tenant"]: summarize_tenant(_outcomes(r), float(r.get("elapsed_s", 0.0))) for r in results}
         entry: dict[str, Any] = {"tenants": tenants}
+        if records and windows and phase in windows:
+            entry["records"] = {n: record_figures(records.get(n, ()), windows[phase]) for n in tenants}
         names = list(tenants)
         entry["jain_index"] = jain_index([tenants[n]["tokens_per_s"] for n in names],
                                          [weights.get(n, 1.0) for n in names]) if names else math.nan
@@ -749,6 +787,16 @@ class AdminApi:
     async def issue_key(self, tenant_id: str, name: str) -> tuple[str, str]:
         out = await self._call("POST", f"/tenants/{tenant_id}/keys", json={"name": name})
         return str(out["key"]["id"]), str(out["secret"])
+
+    async def requests(self, tenant_id: str) -> list[dict[str, Any]]:
+        """Every request record of the tenant (Baton's own view of its requests), newest first."""
+        out: list[dict[str, Any]] = []
+        while True:
+            page = await self._call("GET", "/requests", params={"tenant_id": tenant_id, "limit": 500,
+                                                                 "offset": len(out)})
+            out.extend(page["data"])
+            if not page["data"] or len(out) >= page["count"]:
+                return out
 
     async def delete_assignment(self, assignment_id: str) -> None:
         await self._call("DELETE", f"/slo-assignments/{assignment_id}", ok=(204, 404))
@@ -995,6 +1043,8 @@ async def run_async(cfg: FairnessConfig, *, log: Callable[[str], None] = print,
     raw: dict[str, list[dict[str, Any]]] = {}
     killer: asyncio.Task[dict[str, Any]] | None = None
     fault: dict[str, Any] | None = None
+    windows: dict[str, tuple[float, float]] = {}  # phase -> its wall-clock span (the request records')
+    records: dict[str, list[dict[str, Any]]] = {}
     async with httpx.AsyncClient(base_url=cfg.base_url.rstrip("/") + "/admin/v1", timeout=30.0, transport=transport,
                                  headers={"Authorization": f"Bearer {cfg.admin_token}"}) as http:
         api = AdminApi(http)
@@ -1011,6 +1061,7 @@ async def run_async(cfg: FairnessConfig, *, log: Callable[[str], None] = print,
                 span = max(d.offset_s + d.window_s for d in ds)
                 log(f"{phase}: {', '.join(_describe(d) for d in ds)}")
                 tick = _ticker(progress, phase, math.ceil(span))
+                opened = time.time()
                 if phase == "a_flood_b" and cfg.kill_decode_at_s is not None:
                     killer = asyncio.create_task(_kill_decode(cfg, log))
                 if cfg.processes:
@@ -1027,11 +1078,13 @@ async def run_async(cfg: FairnessConfig, *, log: Callable[[str], None] = print,
                     killer = None
                 order = [d.tenant for d in ds]
                 raw[phase] = sorted(results, key=lambda r: order.index(r["tenant"]))
+                windows[phase] = (opened, time.time())
                 log(_phase_line(phase, raw[phase]))
+            records = await read_records(api, made, raw, log)
         finally:
             cleaned = await cleanup(api, made)
             log(f"cleaned up: {cleaned['deleted']}" + (f", errors: {cleaned['errors']}" if cleaned["errors"] else ""))
-    figures = summarize(cfg, raw)
+    figures = summarize(cfg, raw, records=records, windows=windows)
     tenants = {role: {"name": made.tenant_names[role], "policy": policy} for role, policy in roles(cfg).items()}
     return {
         "benchmark": "fairness",
@@ -1042,7 +1095,10 @@ async def run_async(cfg: FairnessConfig, *, log: Callable[[str], None] = print,
                   "chunk with content text; tokens/s = completion tokens received / the tenant's time from its "
                   "first send to its last end; attainment = completed requests within the policy's ttft_ms / "
                   "completed requests; weighted tokens = prompt tokens (the stream's usage report) + 2 x "
-                  "completion tokens, as the gateway's fair share counts them",
+                  "completion tokens, as the gateway's fair share counts them; records = Baton's own request "
+                  "records of each tenant (GET /admin/v1/requests) in the phase's time: queue_ms (the wait in "
+                  "the gateway's flow-control queue) and ttft_ms - queue_ms (the time to first token after it, "
+                  "as the gateway timed it)",
         "tenants": tenants,
         **figures,
         **({"fault": fault} if fault is not None else {}),

@@ -33,7 +33,9 @@ decides who goes upstream next:
 - **Sparse tenants**: a tenant with nothing running or waiting on the model goes at once, with up to a
   burst of such requests in flight beside the limit's (:meth:`ModelFlow._sparse`), so a light tenant's
   request never waits for a heavy one's stream to end, even while a shrinking limit leaves more in flight
-  than it allows.
+  than it allows. Only a light tenant's: its counter below another recent tenant's and not ahead of any
+  waiting in its band, or a heavy tenant sending one long request at a time (nothing in flight between
+  two) would hold the burst with its long streams and pass a light tenant's waiting requests each time.
 
 Several processes, one fairness: :class:`ViewPublisher` writes every queue's view to Redis once a
 second, off the request path (:data:`baton.core.contracts.FLOW_VIEW_PREFIX`), for the operators' view of
@@ -113,6 +115,8 @@ class FlowSettings:
     ttl_s: float = 30.0  #: the longest a request waits for room
     #: A sparse tenant's burst over the limit, as a share of it (at least one request; 0: none).
     sparse_burst: float = 0.25
+    #: The burst is for tenants served less than another tenant that sent to the model this recently.
+    recent_s: float = 5.0
     prompt_weight: float = PROMPT_WEIGHT
     decode_weight: float = DECODE_WEIGHT
 
@@ -271,6 +275,7 @@ class ModelFlow:
         self.queued_s: dict[uuid.UUID, float] = {}  # tenant -> seconds its started requests waited, summed
         self._seen: dict[uuid.UUID, float] = {}  # tenant -> when it last sent a request to the model
         self._served: dict[uuid.UUID, float] = {}  # tenant -> weighted cost served here (no lifts), for the others
+        self._recent: dict[uuid.UUID, tuple[float, float]] = {}  # tenant -> (decayed service, as of when)
         # the other gateway processes, as of their last views: weighted cost served, when last seen (this clock)
         self._remote_served: dict[uuid.UUID, float] = {}
         self._remote_seen: dict[uuid.UUID, float] = {}
@@ -522,7 +527,42 @@ class ModelFlow:
         heavy tenant alone still uses the whole limit. Never ahead of a higher band that waits."""
         if not ticket.new_flow or not self._burst_room(limit) or self._held(ticket.cls.priority):
             return False
-        return not any(b.queues and b.priority > ticket.cls.priority for b in self._bands.values())
+        if any(b.queues and b.priority > ticket.cls.priority for b in self._bands.values()):
+            return False
+        return self._light(ticket, self._bands.get(ticket.cls.priority))
+
+    def _light(self, ticket: Ticket, band: _Band | None) -> bool:
+        """``ticket`` may use the burst: its tenant's recent service (:meth:`service`), with this request's
+        prompt charged, stays below that of another tenant that sent to the model within ``recent_s`` (or none
+        did), and its counter is not ahead of any tenant waiting in ``band`` (going now keeps the band's VTC
+        order). Having nothing running or
+        waiting is not enough: a heavy tenant that sends one long request at a time has nothing in flight
+        between two of them, as a light one has, and its long streams on the burst would keep the light
+        tenant's requests waiting for them (RFC 8290 moves a flow that empties onto the old list for the same
+        reason). Light is judged on the recent service, not on the counter: a tenant's lift on joining the
+        queue makes its counter equal to the heavy tenant's, and a counter holds all of its past."""
+        tenant = ticket.tenant
+        mine = self.counter(tenant)
+        waiting = [self.counter(t) for t in band.queues if t != tenant] if band is not None else []
+        if waiting and mine > min(waiting):
+            return False
+        since = self.clock() - self.settings.recent_s
+        others = [t for t, at in self._seen.items() if at >= since and t != tenant]
+        if not others:
+            return True
+        cost = ticket.prompt_tokens * self.settings.prompt_weight / ticket.cls.weight
+        return self.service(tenant) + cost < max(self.service(t) for t in others)
+
+    def service(self, tenant: uuid.UUID) -> float:
+        """The weighted service the tenant was given here lately: what it was served, decayed with a time
+        constant of ``recent_s`` (so a tenant's past does not make it heavy today), plus the live tokens of its
+        running requests not yet charged. A steady rate R of weighted tokens per second reads about R x
+        ``recent_s``."""
+        value, at = self._recent.get(tenant, (0.0, 0.0))
+        value *= math.exp((at - self.clock()) / self.settings.recent_s)
+        for t in self._running.get(tenant, ()):
+            value += max(t.live_tokens() - t.charged_decode, 0) * self.settings.decode_weight / t.cls.weight
+        return value
 
     def _admit_to_queue(self, ticket: Ticket) -> None:
         cls = ticket.cls
@@ -599,12 +639,16 @@ class ModelFlow:
             if not sparse:
                 tenant = min(band.queues, key=self.counter)
             else:
-                # full: only a sparse tenant's request that found the burst spent may go beside the limit now
-                idle = [t for t, q in band.queues.items() if q[0].new_flow and t not in self._running]
+                # full: only a light tenant with nothing running may go beside the limit now (one that found
+                # the burst spent, or whose own previous request still ran when it came)
+                idle = [t for t in band.queues if t not in self._running]
                 if not idle or limit is None or not self._burst_room(limit):
                     self._saturated()
                     return
                 tenant = min(idle, key=self.counter)
+                if not self._light(band.queues[tenant][0], band):
+                    self._saturated()
+                    return
             queue = band.queues[tenant]
             ticket = queue.popleft()
             if not queue:
@@ -640,6 +684,9 @@ class ModelFlow:
     def _serve(self, tenant: uuid.UUID, cost: float) -> None:
         self._counters[tenant] = self._counters.get(tenant, 0.0) + cost
         self._served[tenant] = self._served.get(tenant, 0.0) + cost
+        now = self.clock()
+        value, at = self._recent.get(tenant, (0.0, now))
+        self._recent[tenant] = (value * math.exp((at - now) / self.settings.recent_s) + cost, now)
         self._window_service[tenant] = self._window_service.get(tenant, 0.0) + cost
 
     def _place_for(self, ticket: Ticket) -> Ticket | None:

@@ -4,6 +4,7 @@ mock transport answering the admin API and streamed chat completions)."""
 from __future__ import annotations
 
 import asyncio
+import datetime as dt
 import json
 import math
 import uuid
@@ -376,6 +377,7 @@ class FakeBaton:
         self.calls: list[str] = []
         self.chat: dict[str, int] = {}
         self.created_policies: list[dict[str, Any]] = []
+        self.records: dict[str, list[dict[str, Any]]] = {}  # tenant id -> its request records, oldest first
 
     def __call__(self, request: httpx.Request) -> httpx.Response:
         path, method = request.url.path, request.method
@@ -423,6 +425,11 @@ class FakeBaton:
             case "POST", ["tenants", tid, "keys", kid, "revoke"]:
                 self.keys[kid]["revoked"] = True
                 return httpx.Response(200, json={"id": kid})
+            case "GET", ["requests"]:
+                mine = self.records.get(request.url.params["tenant_id"], [])[::-1]
+                offset, limit = int(request.url.params["offset"]), int(request.url.params["limit"])
+                return httpx.Response(200, json={"data": mine[offset:offset + limit], "count": len(mine),
+                                                 "limit": limit, "offset": offset})
             case "DELETE", ["slo-assignments", aid]:
                 return httpx.Response(204 if self.assignments.pop(aid, None) else 404)
             case "DELETE", ["slo-policies", pid]:
@@ -439,6 +446,9 @@ class FakeBaton:
         self.chat[name] = self.chat.get(name, 0) + 1
         if name.endswith(("-a", "-low")) and self.chat[name] % 2 == 0:
             return httpx.Response(429, json={"error": {"message": "queue full"}}, headers={"retry-after": "1"})
+        self.records.setdefault(owner["tenant"], []).append({
+            "started_at": dt.datetime.now(dt.UTC).isoformat(), "queue_ms": 2.0 if name.endswith("-a") else 0.0,
+            "ttft_ms": 5.0})
         return httpx.Response(200, text=_stream(["x"] * 4, usage=4), headers={"content-type": "text/event-stream"})
 
 
@@ -480,6 +490,12 @@ def test_a_whole_run_against_a_fake_baton_cleans_up_after_itself(tmp_path: Path,
     a = res["phases"]["a_flood_b"]["tenants"]["a"]
     assert a["status"]["429"] > 0 and a["retry_after_on_every_429"] is True
     assert res["derived"]["a_never_5xx_or_timeout"] is True
+    # Baton's records of each phase's requests: as many as answered 200, with their queue wait
+    recs = res["phases"]["a_flood_b"]["records"]
+    assert recs["a"]["records"] == a["status"]["200"] and recs["a"]["queue_ms"]["p50"] == 2.0
+    assert recs["b"]["records"] == res["phases"]["a_flood_b"]["tenants"]["b"]["status"]["200"]
+    assert recs["b"]["queue_ms"]["p99"] == 0.0 and recs["b"]["ttft_after_queue_ms"]["p50"] == 5.0
+    assert res["phases"]["b_alone"]["records"]["b"]["records"] == 4  # the warm-up's are outside every phase
     assert res["phases"]["bands"]["tenants"]["low"]["status"]["429"] > 0
     assert res["derived"]["top_band_attainment"] == 1.0
     assert set(res["targets"]) == {"b_ttft_p99_ratio", "a_never_5xx_or_timeout", "every_429_had_retry_after",
@@ -504,6 +520,10 @@ def test_a_whole_run_against_a_fake_baton_cleans_up_after_itself(tmp_path: Path,
     path = report.write_json(tmp_path / "bench-fairness.json", res)
     loaded = json.loads(path.read_text())
     assert "bt_admin_test" not in path.read_text() and "bt_bench" not in path.read_text()
+    from baton.bench import docreport
+
+    text = docreport.render("fairness", loaded)  # the docs' tables, Baton's records under each phase's
+    assert text.count("in Baton's request records") == 4 and "| b | 4 | 0.0 | 0.0 | 5.0 | 5.0 |" in text
     png = fb.plot(tmp_path / "bench-fairness.png", loaded)
     assert png.stat().st_size > 10_000
 

@@ -346,6 +346,56 @@ async def test_a_sparse_tenant_never_goes_ahead_of_a_higher_band_that_waits() ->
         t.cancel()
 
 
+async def test_a_tenant_with_nothing_in_flight_goes_at_once_only_in_its_fair_share_turn() -> None:
+    """A heavy tenant that sends one long request at a time has nothing running or waiting between two of them,
+    as a sparse tenant has: its next request must still wait behind a tenant of its band that waits with a
+    smaller counter, or a light tenant whose own requests overlap gets one request in per heavy one and its
+    queue grows without end (seen from outside: B's TTFT p99 over 4 s beside a single stream of A's)."""
+    f = flow(1, sparse_burst=1.0)
+    a1 = Ticket(A, FlowClass(), 400)
+    await f.enter(a1)
+    b1 = Ticket(B, FlowClass(), 30)
+    await f.enter(b1)  # sparse: nothing of B's runs or waits
+    assert b1.sparse
+    b2 = Ticket(B, FlowClass(), 30)
+    b2_in = asyncio.create_task(f.enter(b2))
+    await settle()
+    f.leave(b1, 16)
+    f.leave(a1, 128)
+    await b2_in  # A's room goes to B's waiting request
+    b3 = Ticket(B, FlowClass(), 30)
+    b3_in = asyncio.create_task(f.enter(b3))
+    a2 = Ticket(A, FlowClass(), 400)
+    a2_in = asyncio.create_task(f.enter(a2))
+    await settle()
+    assert not b3_in.done() and not a2_in.done()  # A's counter is far ahead of B's, which waits
+    f.leave(b2, 16)
+    await b3_in
+    await settle()
+    assert b3.state == "running" and a2.state == "waiting"
+    f.leave(b3, 16)
+    await a2_in  # nothing of B's waits: A's turn
+    assert a2.state == "running" and a2.waited_s >= 0
+
+
+async def test_a_light_tenant_is_judged_on_its_recent_service_not_its_past() -> None:
+    """B sent a hundred short requests a minute ago, more than A's one long stream in all; A's stream fills the
+    limit now: B's next request still goes at once beside it (lightness decays with ``recent_s``)."""
+    now = {"t": 0.0}
+    f = ModelFlow("m", Room(1), FlowSettings(sparse_burst=1.0), clock=lambda: now["t"])
+    for _ in range(100):
+        t = Ticket(B, FlowClass(), 30)
+        await f.enter(t)
+        f.leave(t, 16)
+        now["t"] += 0.5
+    now["t"] += 60
+    await f.enter(Ticket(A, FlowClass(), 400))
+    now["t"] += 1
+    b = Ticket(B, FlowClass(), 30)
+    await f.enter(b)  # returns at once
+    assert b.sparse and f.in_flight == 2
+
+
 async def test_the_limit_is_told_when_it_holds_a_request_back() -> None:
     held = []
     f = ModelFlow("m", Room(1), FlowSettings(sparse_burst=0.0), saturated=lambda: held.append(1))
