@@ -274,6 +274,7 @@ class ModelFlow:
         self.served_tokens: dict[uuid.UUID, list[int]] = {}  # tenant -> [prompt, decode]
         self.queued_s: dict[uuid.UUID, float] = {}  # tenant -> seconds its started requests waited, summed
         self._seen: dict[uuid.UUID, float] = {}  # tenant -> when it last sent a request to the model
+        self._band_of: dict[uuid.UUID, int] = {}  # tenant -> the band of its last request
         self._served: dict[uuid.UUID, float] = {}  # tenant -> weighted cost served here (no lifts), for the others
         self._recent: dict[uuid.UUID, tuple[float, float]] = {}  # tenant -> (decayed service, as of when)
         # the other gateway processes, as of their last views: weighted cost served, when last seen (this clock)
@@ -293,6 +294,7 @@ class ModelFlow:
         """Returns once the request may go upstream; raises :class:`FlowRejected` (429) or
         :class:`FlowUnavailable` (503). A cancelled wait (the client left) gives its place back."""
         self._seen[ticket.tenant] = self.clock()
+        self._band_of[ticket.tenant] = ticket.cls.priority
         ticket.new_flow = ticket.tenant not in self._running and not any(
             ticket.tenant in b.queues for b in self._bands.values())
         limit = self.limit_now(ticket.cls.priority, arriving=ticket)
@@ -357,6 +359,7 @@ class ModelFlow:
         recent = [t for t, at in self._seen.items() if at >= since]
         if len(self._seen) > 2 * len(recent) + 64:  # forget tenants long gone
             self._seen = {t: self._seen[t] for t in recent}
+            self._band_of = {t: self._band_of[t] for t in recent if t in self._band_of}
         if len(recent) >= 2:
             return True
         remote = {t for t, at in self._remote_seen.items() if at >= since}
@@ -533,21 +536,24 @@ class ModelFlow:
 
     def _light(self, ticket: Ticket, band: _Band | None) -> bool:
         """``ticket`` may use the burst: its tenant's recent service (:meth:`service`), with this request's
-        prompt charged, stays below that of another tenant that sent to the model within ``recent_s`` (or none
-        did), and its counter is not ahead of any tenant waiting in ``band`` (going now keeps the band's VTC
-        order). Having nothing running or
-        waiting is not enough: a heavy tenant that sends one long request at a time has nothing in flight
-        between two of them, as a light one has, and its long streams on the burst would keep the light
-        tenant's requests waiting for them (RFC 8290 moves a flow that empties onto the old list for the same
-        reason). Light is judged on the recent service, not on the counter: a tenant's lift on joining the
-        queue makes its counter equal to the heavy tenant's, and a counter holds all of its past."""
+        prompt charged, stays below that of another tenant of its band that sent to the model within
+        ``recent_s`` (or none did: lightness is a matter inside a band, bands go by priority), and its
+        counter is not ahead of any tenant waiting in ``band`` (going now keeps the band's VTC order).
+
+        Having nothing running or waiting is not enough: a heavy tenant that sends one long request at a
+        time has nothing in flight between two of them, as a light one has, and its long streams on the
+        burst would keep the light tenant's requests waiting for them (RFC 8290 moves a flow that empties
+        onto the old list for the same reason). Light is judged on the recent service, not on the counter:
+        a tenant's lift on joining the queue makes its counter equal to the heavy tenant's, and a counter
+        holds all of its past."""
         tenant = ticket.tenant
         mine = self.counter(tenant)
         waiting = [self.counter(t) for t in band.queues if t != tenant] if band is not None else []
         if waiting and mine > min(waiting):
             return False
         since = self.clock() - self.settings.recent_s
-        others = [t for t, at in self._seen.items() if at >= since and t != tenant]
+        band_of, priority = self._band_of, ticket.cls.priority
+        others = [t for t, at in self._seen.items() if at >= since and t != tenant and band_of.get(t) == priority]
         if not others:
             return True
         cost = ticket.prompt_tokens * self.settings.prompt_weight / ticket.cls.weight

@@ -396,6 +396,26 @@ async def test_a_light_tenant_is_judged_on_its_recent_service_not_its_past() -> 
     assert b.sparse and f.in_flight == 2
 
 
+async def test_lightness_is_judged_inside_a_band_a_higher_band_keeps_the_burst() -> None:
+    """The top band's tenant, served far more lately than a lower band's, still goes at once beside a limit
+    the lower band fills: bands go by priority, lightness only orders tenants of one band."""
+    now = {"t": 0.0}
+    f = ModelFlow("m", Room(1), FlowSettings(sparse_burst=1.0), clock=lambda: now["t"])
+    for _ in range(10):
+        t = Ticket(A, FlowClass(priority=90), 1000)
+        await f.enter(t)
+        f.leave(t, 500)
+        now["t"] += 0.1
+    await f.enter(Ticket(B, FlowClass(priority=50), 30))
+    waiting = asyncio.create_task(f.enter(Ticket(B, FlowClass(priority=50), 30)))
+    await settle()
+    assert f.service(A) > 10 * f.service(B)
+    top = Ticket(A, FlowClass(priority=90), 1000)
+    await f.enter(top)  # returns at once
+    assert top.sparse and f.in_flight == 2
+    waiting.cancel()
+
+
 async def test_the_limit_is_told_when_it_holds_a_request_back() -> None:
     held = []
     f = ModelFlow("m", Room(1), FlowSettings(sparse_burst=0.0), saturated=lambda: held.append(1))
