@@ -360,6 +360,8 @@ class ModelFlow:
         if len(self._seen) > 2 * len(recent) + 64:  # forget tenants long gone
             self._seen = {t: self._seen[t] for t in recent}
             self._band_of = {t: self._band_of[t] for t in recent if t in self._band_of}
+            faded = self.clock() - 20 * self.settings.recent_s  # a service decayed below e^-20 of itself
+            self._recent = {t: v for t, v in self._recent.items() if v[1] >= faded}
         if len(recent) >= 2:
             return True
         remote = {t for t, at in self._remote_seen.items() if at >= since}

@@ -416,6 +416,24 @@ async def test_lightness_is_judged_inside_a_band_a_higher_band_keeps_the_burst()
     waiting.cancel()
 
 
+async def test_tenants_long_gone_are_forgotten() -> None:
+    """A gateway that saw thousands of tenants once keeps no state for them: what it tracks per tenant for
+    contention, bands and recent service is dropped once they are long gone."""
+    now = {"t": 0.0}
+    f = ModelFlow("m", Room(4), FlowSettings(), clock=lambda: now["t"])
+    for i in range(200):
+        t = Ticket(uuid.UUID(int=100 + i), FlowClass(), 10)
+        await f.enter(t)
+        f.leave(t, 1)
+    now["t"] += 1000
+    for tenant in (A, B):
+        t = Ticket(tenant, FlowClass(), 10)
+        await f.enter(t)
+        f.leave(t, 1)
+    assert f.contended(5.0)
+    assert len(f._seen) == len(f._band_of) == len(f._recent) == 2
+
+
 async def test_the_limit_is_told_when_it_holds_a_request_back() -> None:
     held = []
     f = ModelFlow("m", Room(1), FlowSettings(sparse_burst=0.0), saturated=lambda: held.append(1))
