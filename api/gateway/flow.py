@@ -33,9 +33,10 @@ decides who goes upstream next:
 - **Sparse tenants**: a tenant with nothing running or waiting on the model goes at once, with up to a
   burst of such requests in flight beside the limit's (:meth:`ModelFlow._sparse`), so a light tenant's
   request never waits for a heavy one's stream to end, even while a shrinking limit leaves more in flight
-  than it allows. Only a light tenant's: its counter below another recent tenant's and not ahead of any
-  waiting in its band, or a heavy tenant sending one long request at a time (nothing in flight between
-  two) would hold the burst with its long streams and pass a light tenant's waiting requests each time.
+  than it allows. Only a light tenant's: its recent service below another recent tenant's of its band,
+  its counter not ahead of any waiting there (:meth:`ModelFlow._light`), or a heavy tenant sending one
+  long request at a time (nothing in flight between two) would hold the burst with its long streams and
+  pass a light tenant's waiting requests each time.
 
 Several processes, one fairness: :class:`ViewPublisher` writes every queue's view to Redis once a
 second, off the request path (:data:`baton.core.contracts.FLOW_VIEW_PREFIX`), for the operators' view of
@@ -529,7 +530,8 @@ class ModelFlow:
         """A tenant with nothing running or waiting on the model goes at once, with up to a burst of such
         requests in flight beside the limit's (FQ-CoDel's sparse flows, RFC 8290): a light tenant never waits
         behind a heavy one's backlog, nor for a limit that just shrank below the requests in flight, and a
-        heavy tenant alone still uses the whole limit. Never ahead of a higher band that waits."""
+        heavy tenant alone still uses the whole limit. Never ahead of a higher band that waits; only a light
+        tenant (:meth:`_light`)."""
         if not ticket.new_flow or not self._burst_room(limit) or self._held(ticket.cls.priority):
             return False
         if any(b.queues and b.priority > ticket.cls.priority for b in self._bands.values()):
