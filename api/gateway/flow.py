@@ -649,9 +649,12 @@ class ModelFlow:
             if not sparse:
                 tenant = min(band.queues, key=self.counter)
             else:
-                # full: only a light tenant with nothing running may go beside the limit now (one that found
-                # the burst spent, or whose own previous request still ran when it came)
-                idle = [t for t in band.queues if t not in self._running]
+                # full: only a light tenant with nothing running may go beside the limit now: one that found
+                # the burst spent, or whose one request waiting came while its previous one still ran. A
+                # backlogged tenant never does, even while none of its own runs: its weight decides its turn
+                # (across processes, its part of the limits holds it back for a part of the time)
+                idle = [t for t, q in band.queues.items()
+                        if t not in self._running and (q[0].new_flow or len(q) == 1)]
                 if not idle or limit is None or not self._burst_room(limit):
                     self._saturated()
                     return

@@ -584,18 +584,21 @@ async def test_tenants_pinned_to_different_processes_share_every_processs_limits
     await settle()
 
 
-async def test_a_part_of_one_or_two_requests_is_kept_by_time() -> None:
+@pytest.mark.parametrize("burst", [0.0, FlowSettings().sparse_burst])
+async def test_a_part_of_one_or_two_requests_is_kept_by_time(burst: float) -> None:
     """Both processes learned a limit of 1 (a CPU host under load): the weight-2 side's part is 2 x 2/3 =
     1.33 requests, the weight-1 side's 0.67. Each keeps its tenant's 8 streams waiting; a request takes
     2.5 s upstream and its stream sends the next at once. Over 10 minutes the time-averaged requests
-    upstream come out at the parts, 2:1 (whole-number limits gave 1 and 1)."""
+    upstream come out at the parts, 2:1 (whole-number limits gave 1 and 1). With the sparse burst on as
+    shipped, too: a backlogged tenant, alone in its band in this process, is not light enough for it while
+    its part holds it back (it took the burst then, and two gateways shared 1.24 : 1 instead of 2 : 1)."""
     now = [0.0]
     clock = lambda: now[0]  # noqa: E731
 
     async def run(weight: float, other: float) -> float:
         now[0] = 0.0
         view = RemoteFigures(limits=[1], backlog={50: other}, waiting={50: 8})
-        f = ModelFlow("m", Room(1), FlowSettings(sparse_burst=0.0), clock=clock)
+        f = ModelFlow("m", Room(1), FlowSettings(sparse_burst=burst), clock=clock)
         f.merge_remote(view)
         tickets = [Ticket(A, FlowClass(weight=weight), 10) for _ in range(8)]
         tasks = [asyncio.create_task(f.enter(t)) for t in tickets]
