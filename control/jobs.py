@@ -17,11 +17,12 @@ from baton.control.reconciler import Reconciler, ReconcileResult
 from baton.core import errors
 from baton.core import models as m
 from baton.core.db import Database
+from baton.core.repositories import SYSTEM_ACTOR_PREFIX
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 
-SYSTEM_ACTOR = "system:jobs"
+SYSTEM_ACTOR = f"{SYSTEM_ACTOR_PREFIX}jobs"
 
 
 def run_recorded(

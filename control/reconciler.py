@@ -41,11 +41,12 @@ from baton.control.spec_rows import deployment_spec, throughput_from
 from baton.core import errors
 from baton.core import models as m
 from baton.core.db import Database, UnitOfWork
+from baton.core.repositories import SYSTEM_ACTOR_PREFIX
 from baton.dataplane.render import PREFILL_APP_SUFFIX, render_serve_applications, render_serve_config
 
 log = logging.getLogger(__name__)
 
-ACTOR = "system:reconciler"
+ACTOR = f"{SYSTEM_ACTOR_PREFIX}reconciler"
 #: Key of the advisory lock that serialises reconcile passes across workers.
 #: Observed states from best to worst: a deployment of several Serve applications is its worst one.
 _SEVERITY = ("running", "deploying", "unhealthy", "failed")

@@ -32,6 +32,7 @@ from baton.control.views import WIRE_SCHEMA, Page, Precondition, check
 from baton.core import errors
 from baton.core import models as m
 from baton.core.db import Database, UnitOfWork
+from baton.core.repositories import SYSTEM_ACTOR_PREFIX
 from baton.core.secrets import ADMIN_PREFIX, hash_secret, new_secret, visible_prefix
 from baton.core.settings import Settings
 
@@ -43,7 +44,7 @@ TenantRole = Literal["tenant_admin", "tenant_member"]
 RequestState = Literal["pending", "approved", "declined"]
 
 #: Who the audit log names for the grants sign-up makes from ``tenancy.default_models``.
-DEFAULT_GRANT_ACTOR = "system:default-grant"
+DEFAULT_GRANT_ACTOR = f"{SYSTEM_ACTOR_PREFIX}default-grant"
 
 
 # --- commands ---------------------------------------------------------------------------------------
