@@ -23,6 +23,8 @@ from pydantic import SecretStr
 from baton.api.body_limit import BodyLimit
 from baton.api.composition import AppServices
 from baton.api.errors import install_error_handlers
+from baton.api.gateway.batch_routes import router as batch_router
+from baton.api.gateway.batch_runner import BatchRunner
 from baton.api.gateway.build import build_gateway
 from baton.api.gateway.fastpath import FastPath
 from baton.api.gateway.metrics import CONTENT_TYPE, GatewayMetrics
@@ -100,9 +102,17 @@ def create_app(
         services = AppServices.build(settings, database, redis_client=sync_redis, notify=notify)
         app.state.services = services
         await gateway.start()
+        runner = None
+        if settings.gateway.batch.enabled:
+            runner = BatchRunner(gateway, database, settings.gateway.batch,
+                                 salt_secret=settings.security.key_secret.get_secret_value())
+            await runner.start()
+        app.state.batch_runner = runner
         try:
             yield
         finally:
+            if runner is not None:
+                await runner.stop()
             await gateway.stop()
             if http_client is None:
                 await gateway.client.aclose()
@@ -122,9 +132,13 @@ def create_app(
     )
     install_error_handlers(app)
     app.add_middleware(FastPath)  # inside the body limit: the hot routes' plain case (api/gateway/fastpath.py)
-    app.add_middleware(BodyLimit, max_bytes=settings.gateway.max_request_bytes)
+    batch = settings.gateway.batch
+    app.add_middleware(BodyLimit, max_bytes=settings.gateway.max_request_bytes,
+                       uploads={"/v1/files": batch.max_file_bytes + 64 * 1024} if batch.enabled else None)
 
     app.include_router(gateway_router)
+    if batch.enabled:
+        app.include_router(batch_router)
 
     metrics = GatewayMetrics(tenant_labels=settings.telemetry.metrics_tenant_labels)
     scrape_ok = scrape_check(settings.telemetry.metrics_token)

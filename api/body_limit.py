@@ -28,17 +28,19 @@ def _message(max_bytes: int) -> str:
 
 
 class BodyLimit:
-    """ASGI middleware: at most ``max_bytes`` of body per request."""
+    """ASGI middleware: at most ``max_bytes`` of body per request; ``uploads`` (path -> bytes): a larger
+    ceiling for an upload route (``POST /v1/files``), whose route stores the body a part at a time."""
 
-    def __init__(self, app: ASGIApp, *, max_bytes: int) -> None:
+    def __init__(self, app: ASGIApp, *, max_bytes: int, uploads: dict[str, int] | None = None) -> None:
         self.app = app
         self.max_bytes = max_bytes
+        self.uploads = uploads or {}
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        limit = self.max_bytes
+        limit = self.uploads.get(scope.get("path", ""), self.max_bytes)
         for name, value in scope.get("headers", ()):
             if name == b"content-length":
                 try:

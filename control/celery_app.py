@@ -1,4 +1,5 @@
-"""Celery: the reconcile, usage roll-up, key-expiry and stored-response purge jobs, on Redis, with an embedded beat.
+"""Celery: the reconcile, usage roll-up, key-expiry, stored-response purge and batch sweep jobs, on Redis, with an
+embedded beat.
 
 Nothing is built at import time. :func:`create_celery` builds the app from settings; the worker builds
 its database and Ray client once per process, on the first task. The admin API enqueues a reconcile
@@ -27,6 +28,7 @@ RECONCILE = "baton.reconcile"
 ROLLUP = "baton.usage_rollup"
 EXPIRE_KEYS = "baton.expire_keys"
 PURGE_RESPONSES = "baton.purge_responses"
+SWEEP_BATCHES = "baton.sweep_batches"
 QUEUE = "baton"
 #: While a deployment is on its way, the reconcile polls again after this many seconds.
 FOLLOW_UP_S = 5.0
@@ -75,6 +77,7 @@ def create_celery(settings: Any, *, queue: str = QUEUE) -> Celery:
             "usage-rollup": {"task": ROLLUP, "schedule": timedelta(seconds=c.rollup_interval_s)},
             "expire-keys": {"task": EXPIRE_KEYS, "schedule": timedelta(seconds=c.expire_keys_interval_s)},
             "purge-responses": {"task": PURGE_RESPONSES, "schedule": timedelta(hours=1)},
+            "sweep-batches": {"task": SWEEP_BATCHES, "schedule": timedelta(minutes=5)},
         },
     )
     ctx = _Context(settings)
@@ -113,6 +116,15 @@ def create_celery(settings: Any, *, queue: str = QUEUE) -> Celery:
 
         deleted: int = jobs.purge_responses(ctx.db, task_id=self.request.id)
         return deleted
+
+    @app.task(name=SWEEP_BATCHES, bind=True)  # type: ignore[untyped-decorator,unused-ignore]
+    def sweep_batches_task(self: Task) -> dict[str, Any]:
+        from baton.control import jobs  # deferred: task bodies; a process that only sends tasks never needs them
+
+        b = settings.gateway.batch
+        swept: dict[str, Any] = jobs.sweep_batches(ctx.db, part_bytes=b.part_bytes,
+                                                   retention_days=b.file_retention_days, task_id=self.request.id)
+        return swept
 
     return app
 

@@ -11,6 +11,7 @@ import uuid
 from collections.abc import Callable
 from typing import Any, TypeVar
 
+from baton.control import batches
 from baton.control.audit import snapshot
 from baton.control.keys import KeyEvents, NoKeyEvents
 from baton.control.reconciler import Reconciler, ReconcileResult
@@ -116,3 +117,22 @@ def purge_responses(db: Database, *, now: dt.datetime | None = None, task_id: st
                 return total
 
     return run_recorded(db, "purge_responses", work, task_id=task_id, summarize=lambda n: {"deleted": n})
+
+
+def sweep_batches(db: Database, *, part_bytes: int, retention_days: float,
+                  task_id: str | None = None) -> dict[str, Any]:
+    """Ends the batches no gateway has ended (all lines done, past their window, or cancelled: gateways do
+    this as they run lines; this covers a deployment whose gateways are all gone) and deletes the batch
+    files past their retention."""
+
+    def work() -> dict[str, Any]:
+        ended: list[str] = []
+        retention = dt.timedelta(days=retention_days)
+        while found := batches.finalize_ready(db, part_bytes=part_bytes, retention=retention):
+            ended += found
+        deleted = 0
+        while n := batches.delete_expired_files(db):
+            deleted += n
+        return {"ended": ended, "files_deleted": deleted}
+
+    return run_recorded(db, "sweep_batches", work, task_id=task_id, summarize=lambda r: r)

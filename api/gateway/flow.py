@@ -108,6 +108,17 @@ class FlowClass:
 
 
 DEFAULT_CLASS = FlowClass()
+#: The band of batch lines (docs/batch.md): below every SLO band (0-100), so a line goes upstream only when
+#: no interactive request waits; it never takes the sparse burst, and leaves :func:`batch_limit` free.
+BATCH_BAND = -1
+#: Batch lines wait for room as long as it takes (the runner holds only a few at a time).
+BATCH_CLASS = FlowClass(name="batch", priority=BATCH_BAND, max_wait_s=3600.0)
+
+
+def batch_limit(limit: int) -> int:
+    """What batch lines may hold of a learned ``limit``: a quarter of it (at least one slot) stays free for an
+    interactive arrival, which then starts at once instead of waiting for a line to end."""
+    return max(limit - max(limit // 4, 1), 1) if limit > 1 else limit
 
 
 @dataclass(frozen=True, slots=True)
@@ -299,6 +310,8 @@ class ModelFlow:
         ticket.new_flow = ticket.tenant not in self._running and not any(
             ticket.tenant in b.queues for b in self._bands.values())
         limit = self.limit_now(ticket.cls.priority, arriving=ticket)
+        if limit is not None and ticket.cls.priority <= BATCH_BAND:
+            limit = batch_limit(limit)
         if limit is None or (self.waiting == 0 and self.in_flight < limit and not self._held(ticket.cls.priority)):
             self._start(ticket, waited_s=0.0)
             return
@@ -532,7 +545,8 @@ class ModelFlow:
         behind a heavy one's backlog, nor for a limit that just shrank below the requests in flight, and a
         heavy tenant alone still uses the whole limit. Never ahead of a higher band that waits; only a light
         tenant (:meth:`_light`)."""
-        if not ticket.new_flow or not self._burst_room(limit) or self._held(ticket.cls.priority):
+        if (not ticket.new_flow or ticket.cls.priority <= BATCH_BAND or not self._burst_room(limit)
+                or self._held(ticket.cls.priority)):
             return False
         if any(b.queues and b.priority > ticket.cls.priority for b in self._bands.values()):
             return False
@@ -645,6 +659,8 @@ class ModelFlow:
             if self._held(band.priority):
                 return
             limit = self.limit_now(band.priority)
+            if band.priority <= BATCH_BAND and limit is not None and self.in_flight >= batch_limit(limit):
+                return  # batch lines never go beside the limit
             sparse = limit is not None and self.in_flight >= limit
             if not sparse:
                 tenant = min(band.queues, key=self.counter)

@@ -75,6 +75,7 @@ class Outcome:
     slo_tpot_ms: int | None = None
     dispatch_pc: float | None = None  # perf_counter when it left the queue for the upstream
     ticket: Any = None  # its flow-control place while it runs (baton.api.gateway.flow.Ticket)
+    batch_id: str | None = None  # the batch it is a line of
 
     def step(self, name: StepName, started_pc: float, outcome: StepOutcome, detail: str) -> None:
         """Records one recovery step the gateway took (``decode_resume``, ``aggregated_fallback``)."""
@@ -116,6 +117,7 @@ class Outcome:
                 "request_id": self.request_id, "tenant_id": self.tenant_id, "api_key_id": self.api_key_id,
                 "model": self.model, "prompt_tokens": self.prompt_tokens,
                 "completion_tokens": self.completion_tokens, "cached_tokens": self.cached_tokens,
+                "batch_id": self.batch_id,
             }
         return usage, record
 

@@ -109,59 +109,68 @@ def load_principal(db: Database, key_hash: bytes, salt_secret: str) -> Principal
     """Everything the gateway needs about one key, in one system-scope read (None: no such key)."""
     with db.system() as uow:
         key = uow.api_keys.by_hash(key_hash)
-        if key is None:
-            return None
-        tenant = uow.tenants.get(key.tenant_id)
-        granted = uow.models.for_tenant(key.tenant_id)
-        limits = uow.rate_limits.for_tenant(key.tenant_id)
-        scope = set(key.model_scope or ())
-        models = {
-            g.name: ModelGrant(g.id, g.name, g.context_length, g.source, int(g.created_at.timestamp()), g.kind,
-                               bool(g.tool_call_parser))
-            for g in granted if not scope or g.name in scope
-        }
-        classes: dict[str, FlowClass] = {}
-        for g in granted:
-            if g.name in models:
-                policy = uow.slo_assignments.effective(key.tenant_id, g.id)
-                if policy is not None:
-                    classes[g.name] = FlowClass(name=policy.name, priority=policy.priority,
-                                                weight=float(policy.weight), sheddable=policy.sheddable,
-                                                ttft_ms=policy.ttft_ms, tpot_ms=policy.tpot_ms,
-                                                max_wait_s=policy.max_wait_s, max_waiting=policy.max_waiting)
-        # A rotated key, while its overlap lasts, counts against its latest successor's limits (one bucket)
-        limited = key
-        for _ in range(MAX_ROTATIONS):
-            nxt = uow.api_keys.get(limited.rotated_to_id) if limited.rotated_to_id not in (None, limited.id) else None
-            if nxt is None:
-                break
-            limited = nxt
-        scopes: list[LimitScope] = []
-        caps: list[int] = []
-        for row in limits:
-            lim = Limits(row.requests_per_minute, row.tokens_per_minute, row.max_concurrency)
-            if row.api_key_id is None:
-                scopes.append(LimitScope.tenant(key.tenant_id, lim))
-            elif row.api_key_id == limited.id:
-                # the bucket is named after the limit's own row, which a rotation moves to the successor: a
-                # rotation never opens a fresh window either
-                scopes.append(LimitScope.key(key.tenant_id, row.id, lim))
-            else:
-                continue
-            if row.max_tokens_per_request is not None:
-                caps.append(row.max_tokens_per_request)
-        return Principal(
-            key_id=key.id,
-            tenant_id=key.tenant_id,
-            revoked=key.revoked_at is not None,
-            expires_at=key.expires_at.timestamp() if key.expires_at else None,
-            tenant_active=tenant is not None and tenant.status is m.TenantStatus.ACTIVE,
-            models=models,
-            limit_scopes=tuple(scopes),
-            cache_salt=cache_salt(salt_secret, key.tenant_id),
-            classes=MappingProxyType(classes),
-            max_request_tokens=min(caps, default=None),
-        )
+        return _principal(uow, key, salt_secret) if key is not None else None
+
+
+def load_principal_by_id(db: Database, key_id: uuid.UUID, salt_secret: str) -> Principal | None:
+    """The principal of the key ``key_id`` (a batch's lines run as the key that created the batch)."""
+    with db.system() as uow:
+        key = uow.api_keys.get(key_id)
+        return _principal(uow, key, salt_secret) if key is not None else None
+
+
+def _principal(uow: Any, key: m.ApiKey, salt_secret: str) -> Principal:
+    tenant = uow.tenants.get(key.tenant_id)
+    granted = uow.models.for_tenant(key.tenant_id)
+    limits = uow.rate_limits.for_tenant(key.tenant_id)
+    scope = set(key.model_scope or ())
+    models = {
+        g.name: ModelGrant(g.id, g.name, g.context_length, g.source, int(g.created_at.timestamp()), g.kind,
+                           bool(g.tool_call_parser))
+        for g in granted if not scope or g.name in scope
+    }
+    classes: dict[str, FlowClass] = {}
+    for g in granted:
+        if g.name in models:
+            policy = uow.slo_assignments.effective(key.tenant_id, g.id)
+            if policy is not None:
+                classes[g.name] = FlowClass(name=policy.name, priority=policy.priority,
+                                            weight=float(policy.weight), sheddable=policy.sheddable,
+                                            ttft_ms=policy.ttft_ms, tpot_ms=policy.tpot_ms,
+                                            max_wait_s=policy.max_wait_s, max_waiting=policy.max_waiting)
+    # A rotated key, while its overlap lasts, counts against its latest successor's limits (one bucket)
+    limited = key
+    for _ in range(MAX_ROTATIONS):
+        nxt = uow.api_keys.get(limited.rotated_to_id) if limited.rotated_to_id not in (None, limited.id) else None
+        if nxt is None:
+            break
+        limited = nxt
+    scopes: list[LimitScope] = []
+    caps: list[int] = []
+    for row in limits:
+        lim = Limits(row.requests_per_minute, row.tokens_per_minute, row.max_concurrency)
+        if row.api_key_id is None:
+            scopes.append(LimitScope.tenant(key.tenant_id, lim))
+        elif row.api_key_id == limited.id:
+            # the bucket is named after the limit's own row, which a rotation moves to the successor: a
+            # rotation never opens a fresh window either
+            scopes.append(LimitScope.key(key.tenant_id, row.id, lim))
+        else:
+            continue
+        if row.max_tokens_per_request is not None:
+            caps.append(row.max_tokens_per_request)
+    return Principal(
+        key_id=key.id,
+        tenant_id=key.tenant_id,
+        revoked=key.revoked_at is not None,
+        expires_at=key.expires_at.timestamp() if key.expires_at else None,
+        tenant_active=tenant is not None and tenant.status is m.TenantStatus.ACTIVE,
+        models=models,
+        limit_scopes=tuple(scopes),
+        cache_salt=cache_salt(salt_secret, key.tenant_id),
+        classes=MappingProxyType(classes),
+        max_request_tokens=min(caps, default=None),
+    )
 
 
 def write_key_uses(db: Database, used: Mapping[uuid.UUID, dt.datetime]) -> int:

@@ -393,8 +393,9 @@ class ResponsesStream(Response):
 
 
 async def create(gateway: Any, principal: Any, req: ResponseRequest, *, traceparent: str | None,
-                 auth_ns: tuple[int, int] | None) -> Any:
-    """One ``POST /v1/responses``: a Response object, or the stream of its events."""
+                 auth_ns: tuple[int, int] | None, line: Any = None) -> Any:
+    """One ``POST /v1/responses``: a Response object, or the stream of its events. ``line``: the
+    :class:`~baton.api.gateway.service.BatchLineRef` it runs as a batch line (None: a client's request)."""
     check_request(req)
     store: ResponseStore | None = gateway.responses
     if (req.store or req.previous_response_id) and store is None:
@@ -424,7 +425,7 @@ async def create(gateway: Any, principal: Any, req: ResponseRequest, *, tracepar
             await store.save(tenant_id=principal.tenant_id, key_id=principal.key_id, draft=d,
                              conversation=history + new)
 
-    answer = await gateway.forward(principal, call, traceparent=traceparent, auth_ns=auth_ns)
+    answer = await gateway.forward(principal, call, traceparent=traceparent, auth_ns=auth_ns, line=line)
     if req.stream:
         return ResponsesStream(answer, draft, on_done=done)
     data = orjson.loads(answer.body)

@@ -144,10 +144,11 @@ async def delete_response(response_id: str, principal: PrincipalDep, gateway: Ga
 
 # -- what /v1 does not serve -------------------------------------------------------------------------
 
-#: Endpoints of OpenAI's API that Baton does not serve yet, and what to do instead.
+#: Endpoints of OpenAI's API that this gateway may not serve, and what to do instead.
 NOT_YET: dict[str, str] = {
-    "batches": "The Batch API is not available yet: send the requests one at a time to /v1/chat/completions.",
-    "files": "The Files API is not available yet (it comes with the Batch API).",
+    "batches": "The Batch API is turned off on this gateway (`gateway.batch.enabled`): send the requests one at "
+               "a time to /v1/chat/completions.",
+    "files": "The Files API is turned off on this gateway (it comes with the Batch API, `gateway.batch.enabled`).",
 }
 
 fallback = APIRouter(prefix="/v1", include_in_schema=False)

@@ -31,7 +31,15 @@ from baton.api.gateway.attempts import (
     upstream_error,
     upstream_headers,
 )
-from baton.api.gateway.flow import FlowClass, FlowController, FlowRejected, Ticket, ViewPublisher
+from baton.api.gateway.flow import (
+    BATCH_BAND,
+    BATCH_CLASS,
+    FlowClass,
+    FlowController,
+    FlowRejected,
+    Ticket,
+    ViewPublisher,
+)
 from baton.api.gateway.metering import Outcome, UsageMeter
 from baton.api.gateway.metrics import GatewayMetrics
 from baton.api.gateway.principals import InvalidationListener, ModelGrant, Principal, PrincipalCache
@@ -116,6 +124,15 @@ class Call:
     prompt_tokens: int
     completion_budget: int  # tokens reserved for the answer (all choices)
     stream: bool
+
+
+@dataclass(frozen=True, slots=True)
+class BatchLineRef:
+    """A request that is a line of a batch (``baton.control.batches``): it runs in the batch band, under
+    the line's own request id (a line run twice is metered once), and its usage names the batch."""
+
+    batch_id: str
+    request_id: uuid.UUID
 
 
 @dataclass(slots=True)
@@ -248,7 +265,8 @@ class Gateway:
     # -- the entrance ---------------------------------------------------------------------------
 
     async def serve(self, endpoint: str, principal: Principal, payload: dict[str, Any], *,
-                    traceparent: str | None, auth_ns: tuple[int, int] | None = None) -> Response:
+                    traceparent: str | None, auth_ns: tuple[int, int] | None = None,
+                    line: BatchLineRef | None = None) -> Response:
         """The pipeline's one entrance (``/v1/chat/completions``, ``/v1/completions``, ``/v1/embeddings``; the
         route and :class:`~baton.api.gateway.fastpath.FastPath` alike), for an authenticated ``principal`` and a
         body valid against the endpoint's schema: validate it against the model and the key (:meth:`prepare_chat`
@@ -259,7 +277,7 @@ class Gateway:
             call = await self.prepare_completion(principal, payload)
         else:
             call = await self.prepare_embeddings(principal, payload)
-        return await self.forward(principal, call, traceparent=traceparent, auth_ns=auth_ns)
+        return await self.forward(principal, call, traceparent=traceparent, auth_ns=auth_ns, line=line)
 
     # -- validation ---------------------------------------------------------------------------
 
@@ -348,12 +366,13 @@ class Gateway:
     # -- forwarding ---------------------------------------------------------------------------
 
     async def forward(self, principal: Principal, call: Call, *, traceparent: str | None,
-                      auth_ns: tuple[int, int] | None = None) -> Response:
+                      auth_ns: tuple[int, int] | None = None, line: BatchLineRef | None = None) -> Response:
         """The request's path: admit (route, limits), open the upstream (retrying), relay its answer.
-        ``auth_ns``: unix-ns start and end of the key check (the ``gateway.auth`` span)."""
+        ``auth_ns``: unix-ns start and end of the key check (the ``gateway.auth`` span); ``line``: the batch
+        line it runs (None: a client's own request)."""
         if not self.meter.accepting:
             raise errors.UnavailableError("The gateway is busy. Retry shortly.", headers={"retry-after": "1"})
-        request_id = uuid.uuid4()
+        request_id = line.request_id if line is not None else uuid.uuid4()
         span = None
         if self.tracer is not None:
             span = gw_spans.start_request(
@@ -375,6 +394,8 @@ class Gateway:
                                     traceparent=traceparent)
         headers = {"x-request-id": f"req-{request_id.hex}", **admitted.headers}
         cls, alone = principal.flow_class(call.grant.name), True
+        if line is not None:
+            cls, outcome.batch_id = BATCH_CLASS, line.batch_id
         if self.flow is not None:
             alone = (await self._queue(principal, cls, call, outcome, admitted.lease)).alone
         if call.endpoint != "embeddings":
@@ -558,8 +579,8 @@ def engine_priority(band: int, *, alone: bool) -> int:
     """vLLM's request ``priority`` (the engines run the priority scheduling policy: a lower value goes
     first): a higher band first, and inside a band a request whose tenant had nothing else running on the
     model ahead of a backlogged tenant's, so the engines' own queues favour light tenants as the gateway's
-    does (band 100 alone -> 0, band 0 backlogged -> 201)."""
-    return 2 * (100 - min(max(band, 0), 100)) + (0 if alone else 1)
+    does (band 100 alone -> 0, band 0 backlogged -> 201, a batch line 202 or 203)."""
+    return 2 * (100 - min(max(band, BATCH_BAND), 100)) + (0 if alone else 1)
 
 
 def with_priority(body: bytes, priority: int) -> bytes:

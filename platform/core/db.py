@@ -132,6 +132,8 @@ class UnitOfWork:
         self.console_sessions = r.ConsoleSessionRepository(s)
         self.access_requests = r.AccessRequestRepository(s)
         self.responses = r.StoredResponseRepository(s)
+        self.files = r.FileRepository(s)
+        self.batches = r.BatchRepository(s)
         return self
 
     def __exit__(

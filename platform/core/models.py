@@ -56,6 +56,10 @@ TENANT_SCOPED_TABLES = (
     "console_sessions",
     "access_requests",
     "stored_responses",
+    "files",
+    "file_parts",
+    "batches",
+    "batch_lines",
 )
 
 #: Append-only tables: the service role may insert and read, never change or delete.
@@ -357,6 +361,105 @@ class StoredResponse(Base):
     expires_at: Mapped[dt.datetime] = mapped_column(DateTime(timezone=True), nullable=False, index=True)
 
 
+class StoredFile(Base):
+    """A file of ``/v1/files`` (a batch's input, output or errors); its bytes are in :class:`FilePart` rows."""
+
+    __tablename__ = "files"
+
+    id: Mapped[str] = mapped_column(String(64), primary_key=True)
+    tenant_id: Mapped[uuid.UUID] = _tenant_fk()
+    api_key_id: Mapped[uuid.UUID | None] = mapped_column(
+        UUID(as_uuid=True), ForeignKey("api_keys.id", ondelete="SET NULL"), index=True
+    )
+    purpose: Mapped[str] = mapped_column(String(32), nullable=False)
+    filename: Mapped[str] = mapped_column(String(255), nullable=False)
+    bytes: Mapped[int] = mapped_column(BigInteger, nullable=False, server_default=text("0"))
+    #: Lines of a ``batch`` file (counted as it is stored).
+    lines: Mapped[int] = mapped_column(Integer, nullable=False, server_default=text("0"))
+    created_at: Mapped[dt.datetime] = _created_at()
+    expires_at: Mapped[dt.datetime | None] = mapped_column(DateTime(timezone=True), index=True)
+
+
+class FilePart(Base):
+    """One piece of a stored file, in order (``seq``): a file is read and written a part at a time."""
+
+    __tablename__ = "file_parts"
+
+    file_id: Mapped[str] = mapped_column(String(64), ForeignKey("files.id", ondelete="CASCADE"), primary_key=True)
+    seq: Mapped[int] = mapped_column(Integer, primary_key=True)
+    tenant_id: Mapped[uuid.UUID] = mapped_column(
+        UUID(as_uuid=True), ForeignKey("tenants.id", ondelete="CASCADE"), nullable=False
+    )
+    data: Mapped[bytes] = mapped_column(LargeBinary, nullable=False)
+
+
+class Batch(Base):
+    """A ``/v1/batches`` batch: one endpoint, one model, its lines in :class:`BatchLine` rows."""
+
+    __tablename__ = "batches"
+
+    id: Mapped[str] = mapped_column(String(64), primary_key=True)
+    tenant_id: Mapped[uuid.UUID] = _tenant_fk()
+    #: The key that created it: its lines run as that key (its limits, its models); None once deleted.
+    api_key_id: Mapped[uuid.UUID | None] = mapped_column(
+        UUID(as_uuid=True), ForeignKey("api_keys.id", ondelete="SET NULL"), index=True
+    )
+    endpoint: Mapped[str] = mapped_column(String(64), nullable=False)
+    model: Mapped[str] = mapped_column(String(200), nullable=False, index=True)
+    input_file_id: Mapped[str] = mapped_column(String(64), nullable=False)
+    output_file_id: Mapped[str | None] = mapped_column(String(64))
+    error_file_id: Mapped[str | None] = mapped_column(String(64))
+    completion_window: Mapped[str] = mapped_column(String(16), nullable=False)
+    #: validating | in_progress | finalizing | completed | failed | expired | cancelling | cancelled
+    status: Mapped[str] = mapped_column(String(16), nullable=False, index=True)
+    total: Mapped[int] = mapped_column(Integer, nullable=False, server_default=text("0"))
+    metadata_: Mapped[dict[str, Any] | None] = mapped_column("metadata", JSONB(none_as_null=True))
+    errors: Mapped[list[dict[str, Any]] | None] = mapped_column(JSONB(none_as_null=True))
+    created_at: Mapped[dt.datetime] = _created_at()
+    expires_at: Mapped[dt.datetime] = mapped_column(DateTime(timezone=True), nullable=False)
+    in_progress_at: Mapped[dt.datetime | None] = mapped_column(DateTime(timezone=True))
+    finalizing_at: Mapped[dt.datetime | None] = mapped_column(DateTime(timezone=True))
+    completed_at: Mapped[dt.datetime | None] = mapped_column(DateTime(timezone=True))
+    failed_at: Mapped[dt.datetime | None] = mapped_column(DateTime(timezone=True))
+    expired_at: Mapped[dt.datetime | None] = mapped_column(DateTime(timezone=True))
+    cancelling_at: Mapped[dt.datetime | None] = mapped_column(DateTime(timezone=True))
+    cancelled_at: Mapped[dt.datetime | None] = mapped_column(DateTime(timezone=True))
+
+
+class BatchLine(Base):
+    """One request of a batch. ``state``: pending -> running (claimed under a lease, ``attempt`` the fencing
+    token) -> done | failed; pending or running lines of an expired or cancelled batch end ``expired`` or
+    ``cancelled``. A result is written only by the attempt that holds the line, so a line is in the
+    output once however often it ran."""
+
+    __tablename__ = "batch_lines"
+
+    batch_id: Mapped[str] = mapped_column(String(64), ForeignKey("batches.id", ondelete="CASCADE"),
+                                          primary_key=True)
+    line: Mapped[int] = mapped_column(Integer, primary_key=True)
+    tenant_id: Mapped[uuid.UUID] = mapped_column(
+        UUID(as_uuid=True), ForeignKey("tenants.id", ondelete="CASCADE"), nullable=False
+    )
+    custom_id: Mapped[str] = mapped_column(String(512), nullable=False)
+    body: Mapped[dict[str, Any]] = mapped_column(JSONB, nullable=False)
+    state: Mapped[str] = mapped_column(String(16), nullable=False, server_default=text("'pending'"))
+    attempt: Mapped[int] = mapped_column(Integer, nullable=False, server_default=text("0"))
+    lease_until: Mapped[dt.datetime | None] = mapped_column(DateTime(timezone=True))
+    #: When a line put back (limits, a busy pool) may be claimed again.
+    not_before: Mapped[dt.datetime | None] = mapped_column(DateTime(timezone=True))
+    request_id: Mapped[uuid.UUID] = mapped_column(UUID(as_uuid=True), nullable=False)
+    #: OpenAI's ``response`` of the output line: ``{"status_code", "request_id", "body"}``.
+    response: Mapped[dict[str, Any] | None] = mapped_column(JSONB(none_as_null=True))
+    #: OpenAI's ``error`` of a line that did not run: ``{"code", "message"}``.
+    error: Mapped[dict[str, Any] | None] = mapped_column(JSONB(none_as_null=True))
+    finished_at: Mapped[dt.datetime | None] = mapped_column(DateTime(timezone=True))
+
+    __table_args__ = (
+        Index("ix_batch_lines_open", "batch_id", "state", postgresql_where=text("state IN ('pending', 'running')")),
+        UniqueConstraint("batch_id", "custom_id"),
+    )
+
+
 class SloPolicy(Base):
     __tablename__ = "slo_policies"
 
@@ -522,6 +625,8 @@ class UsageRecord(Base):
     prompt_tokens: Mapped[int] = mapped_column(Integer, nullable=False)
     completion_tokens: Mapped[int] = mapped_column(Integer, nullable=False)
     cached_tokens: Mapped[int] = mapped_column(Integer, nullable=False, server_default=text("0"))
+    #: The batch the request was a line of (None: sent by a client itself).
+    batch_id: Mapped[str | None] = mapped_column(String(64), index=True)
     created_at: Mapped[dt.datetime] = _created_at()
 
     __table_args__ = (

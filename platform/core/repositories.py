@@ -1032,3 +1032,184 @@ class ConsoleSessionRepository(Repository[m.ConsoleSession]):
             self.session.execute(
                 update(m.User).where(m.User.id == user_id).values(last_login_at=func.now())
             )
+
+
+class FileRepository(Repository[m.StoredFile]):
+    """``/v1/files`` rows and their parts (row-level security keeps a tenant to its own)."""
+
+    model = m.StoredFile
+    noun = "file"
+
+    def live(self, file_id: str, now: dt.datetime) -> m.StoredFile | None:
+        f = m.StoredFile
+        with translated():
+            return self.session.scalar(select(f).where(f.id == file_id, f.expires_at.is_(None) | (f.expires_at > now)))
+
+    def listed(self, *, now: dt.datetime, purpose: str | None, after: str | None, limit: int,
+               newest_first: bool) -> Sequence[m.StoredFile]:
+        f = m.StoredFile
+        stmt = select(f).where(f.expires_at.is_(None) | (f.expires_at > now))
+        if purpose is not None:
+            stmt = stmt.where(f.purpose == purpose)
+        if after is not None:
+            mark = select(f.created_at).where(f.id == after).scalar_subquery()
+            stmt = stmt.where((f.created_at < mark) if newest_first else (f.created_at > mark))
+        order = (f.created_at.desc(), f.id.desc()) if newest_first else (f.created_at, f.id)
+        return self.scalars(stmt.order_by(*order).limit(limit))
+
+    def add_part(self, file: m.StoredFile, seq: int, data: bytes) -> None:
+        with translated():
+            self.session.execute(insert(m.FilePart).values(file_id=file.id, seq=seq, tenant_id=file.tenant_id,
+                                                           data=data))
+
+    def parts(self, file_id: str, *, after: int = -1) -> Sequence[tuple[int, bytes]]:
+        """The next few parts after ``after``, in order (a reader pages through a file, one part in memory)."""
+        p = m.FilePart
+        with translated():
+            rows = self.session.execute(select(p.seq, p.data).where(p.file_id == file_id, p.seq > after)
+                                        .order_by(p.seq).limit(4)).all()
+        return [(int(seq), bytes(data)) for seq, data in rows]
+
+    def delete_expired(self, now: dt.datetime, *, batch: int = 1000) -> int:
+        f = m.StoredFile
+        ids = select(f.id).where(f.expires_at <= now).limit(batch).scalar_subquery()
+        with translated():
+            res = self.session.execute(delete(f).where(f.id.in_(ids)))
+        return int(getattr(res, "rowcount", 0) or 0)
+
+
+#: The states of a line that has not ended.
+OPEN_LINE_STATES = ("pending", "running")
+
+
+class BatchRepository(Repository[m.Batch]):
+    """Batches and their lines. The claim, result and finalize statements are written for many processes at
+    once: a line is claimed under a lease with ``SKIP LOCKED`` and written back only by the attempt that
+    holds it (``attempt`` is its fencing token)."""
+
+    model = m.Batch
+    noun = "batch"
+
+    def listed(self, *, after: str | None, limit: int) -> Sequence[m.Batch]:
+        b = m.Batch
+        stmt = select(b)
+        if after is not None:
+            stmt = stmt.where(b.created_at < select(b.created_at).where(b.id == after).scalar_subquery())
+        return self.scalars(stmt.order_by(b.created_at.desc(), b.id.desc()).limit(limit))
+
+    def add_lines(self, rows: Sequence[dict[str, Any]]) -> None:
+        if rows:
+            with translated():
+                self.session.execute(insert(m.BatchLine), list(rows))
+
+    def counts(self, batch_ids: Sequence[str]) -> dict[str, dict[str, int]]:
+        """``{batch_id: {state: lines}}``."""
+        if not batch_ids:
+            return {}
+        line = m.BatchLine
+        out: dict[str, dict[str, int]] = {}
+        with translated():
+            rows = self.session.execute(select(line.batch_id, line.state, func.count())
+                                        .where(line.batch_id.in_(batch_ids)).group_by(line.batch_id, line.state))
+        for batch_id, state, n in rows:
+            out.setdefault(batch_id, {})[state] = int(n)
+        return out
+
+    def claim(self, *, models: Sequence[str], limit: int, lease_s: float, now: dt.datetime) -> list[dict[str, Any]]:
+        """Up to ``limit`` lines of running batches for ``models``, oldest batch first: pending ones whose
+        ``not_before`` has passed, and running ones whose lease ran out (their runner died). Each comes back
+        with its new ``attempt``."""
+        sql = text("""
+            UPDATE batch_lines l
+               SET state = 'running', attempt = l.attempt + 1, lease_until = :lease, not_before = NULL
+              FROM (SELECT bl.batch_id, bl.line, b.api_key_id, b.endpoint
+                      FROM batch_lines bl JOIN batches b ON b.id = bl.batch_id
+                     WHERE b.status = 'in_progress' AND b.model = ANY(:models) AND b.expires_at > :now
+                       AND ((bl.state = 'pending' AND (bl.not_before IS NULL OR bl.not_before <= :now))
+                            OR (bl.state = 'running' AND bl.lease_until < :now))
+                     ORDER BY b.created_at, bl.line
+                     LIMIT :limit
+                       FOR UPDATE OF bl SKIP LOCKED) c
+             WHERE l.batch_id = c.batch_id AND l.line = c.line
+         RETURNING l.batch_id, l.line, l.attempt, l.tenant_id, l.custom_id, l.body, l.request_id, c.api_key_id,
+                   c.endpoint""")
+        lease = now + dt.timedelta(seconds=lease_s)
+        with translated():
+            rows = self.session.execute(sql, {"lease": lease, "models": list(models), "now": now, "limit": limit})
+        return [dict(r._mapping) for r in rows]
+
+    def renew(self, held: Sequence[tuple[str, int, int]], *, lease_until: dt.datetime) -> int:
+        """Extends the leases of lines this runner still holds (``(batch_id, line, attempt)``)."""
+        if not held:
+            return 0
+        sql = text("""
+            UPDATE batch_lines l SET lease_until = :lease
+              FROM unnest(CAST(:ids AS text[]), CAST(:lines AS int[]), CAST(:attempts AS int[])) AS h(b, n, a)
+             WHERE l.batch_id = h.b AND l.line = h.n AND l.attempt = h.a AND l.state = 'running'""")
+        with translated():
+            res = self.session.execute(sql, {"lease": lease_until, "ids": [h[0] for h in held],
+                                             "lines": [h[1] for h in held], "attempts": [h[2] for h in held]})
+        return int(getattr(res, "rowcount", 0) or 0)
+
+    def finish_line(self, batch_id: str, line: int, attempt: int, *, state: str, response: dict[str, Any] | None,
+                    error: dict[str, Any] | None, now: dt.datetime) -> bool:
+        """Writes a line's result if ``attempt`` still holds it; False: another attempt took it over (the
+        result is dropped, so the line is in the output once)."""
+        bl = m.BatchLine
+        with translated():
+            res = self.session.execute(
+                update(bl).where(bl.batch_id == batch_id, bl.line == line, bl.attempt == attempt,
+                                 bl.state == "running")
+                .values(state=state, response=response, error=error, finished_at=now, lease_until=None))
+        return bool(getattr(res, "rowcount", 0))
+
+    def put_back(self, batch_id: str, line: int, attempt: int, *, not_before: dt.datetime) -> bool:
+        """A line that could not run now (limits, a busy or absent pool) waits until ``not_before``."""
+        bl = m.BatchLine
+        with translated():
+            res = self.session.execute(
+                update(bl).where(bl.batch_id == batch_id, bl.line == line, bl.attempt == attempt,
+                                 bl.state == "running")
+                .values(state="pending", lease_until=None, not_before=not_before))
+        return bool(getattr(res, "rowcount", 0))
+
+    def end_open_lines(self, batch_id: str, *, state: str, error: dict[str, Any], now: dt.datetime,
+                       running_too: bool) -> int:
+        """Ends the lines that will not run (``expired``, ``cancelled``): pending ones, and running ones too
+        when ``running_too`` (a late result of such a line is then dropped by :meth:`finish_line`)."""
+        bl = m.BatchLine
+        states = OPEN_LINE_STATES if running_too else ("pending",)
+        with translated():
+            res = self.session.execute(
+                update(bl).where(bl.batch_id == batch_id, bl.state.in_(states))
+                .values(state=state, error=error, finished_at=now, lease_until=None))
+        return int(getattr(res, "rowcount", 0) or 0)
+
+    def open_lines(self, batch_id: str) -> int:
+        bl = m.BatchLine
+        with translated():
+            return int(self.session.scalar(select(func.count()).select_from(bl).where(
+                bl.batch_id == batch_id, bl.state.in_(OPEN_LINE_STATES))) or 0)
+
+    def to_finalize(self, *, now: dt.datetime, limit: int = 4) -> Sequence[m.Batch]:
+        """Batches whose lines have all ended (or whose window has passed), locked for this transaction
+        (``SKIP LOCKED``: another process finalizing one is left to it)."""
+        b, bl = m.Batch, m.BatchLine
+        open_ = select(bl.line).where(bl.batch_id == b.id, bl.state.in_(OPEN_LINE_STATES)).exists()
+        held = select(bl.line).where(bl.batch_id == b.id, bl.state == "running", bl.lease_until > now).exists()
+        stmt = (select(b).where(((b.status == "in_progress") & ((~open_) | (b.expires_at <= now)))
+                                | ((b.status == "cancelling") & ~held))
+                .order_by(b.created_at).limit(limit).with_for_update(of=b, skip_locked=True))
+        return self.scalars(stmt)
+
+    def lines_of(self, batch_id: str, *, states: Sequence[str], after: int, limit: int) -> Sequence[m.BatchLine]:
+        bl = m.BatchLine
+        with translated():
+            return self.session.scalars(select(bl).where(bl.batch_id == batch_id, bl.state.in_(states),
+                                                         bl.line > after).order_by(bl.line).limit(limit)).all()
+
+    def running_models(self) -> list[str]:
+        """The models with a batch in progress (a runner asks for lines of those it can serve)."""
+        b = m.Batch
+        with translated():
+            return list(self.session.scalars(select(b.model).where(b.status == "in_progress").distinct()))

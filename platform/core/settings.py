@@ -87,6 +87,28 @@ class FlowControlSettings(BaseModel):
                              "(before: no queue, limits only).")
 
 
+class BatchSettings(BaseModel):
+    """The Batch API (``/v1/files``, ``/v1/batches``; docs/batch.md)."""
+
+    enabled: bool = Field(True, description="Serve `/v1/files` and `/v1/batches` and run batches' lines.")
+    max_file_bytes: int = Field(
+        200 * 2**20, ge=1024, description="Largest file `/v1/files` accepts (bytes), read and stored a part at a "
+        "time (never whole in memory).")
+    max_lines: int = Field(50_000, ge=1, description="Most requests one batch file may hold.")
+    part_bytes: int = Field(2**20, ge=4096, description="Size of the parts a file is stored in (Postgres rows).")
+    file_retention_days: float = Field(
+        30.0, gt=0, description="How long a batch's output and error files are kept (input files are kept until "
+        "deleted).")
+    concurrency: int = Field(
+        4, ge=1, description="Lines each gateway process has in flight at once, all batches together; each also "
+        "waits in its model's flow-control queue below every interactive band.")
+    lease_s: float = Field(30.0, gt=1, description="How long a claimed line is held without a renewal: a gateway "
+                           "that dies mid-line loses its lines to another after this.")
+    poll_s: float = Field(1.0, gt=0, description="How often an idle gateway looks for batch work.")
+    max_attempts: int = Field(8, ge=1, description="Tries of a line refused for a passing reason (limits, a busy "
+                              "or absent pool) before it fails.")
+
+
 class GatewaySettings(BaseModel):
     host: str = Field("127.0.0.1", description="Bind address.")
     port: int = Field(8000, description="Bind port of the gateway and console.")
@@ -195,6 +217,7 @@ class GatewaySettings(BaseModel):
         "(one UPDATE per process and period, never on the request path; also on shutdown)."
     )
     flow: FlowControlSettings = Field(default_factory=FlowControlSettings)
+    batch: BatchSettings = Field(default_factory=BatchSettings)
 
 
 class SecuritySettings(BaseModel):

@@ -190,12 +190,15 @@ def test_an_oversize_chunked_body_is_cut_off_before_it_is_read_whole(gateway_url
 def test_unknown_endpoints_answer_in_openai_shape(http: httpx.Client, catalogue: Catalogue,
                                                   make_tenant: MakeTenant) -> None:
     key = make_tenant([catalogue.small])
-    for method, path, words in [("GET", "/v1/batches", "Batch API"), ("POST", "/v1/files", "Files API"),
+    for method, path, words in [("POST", "/v1/images/generations", "does not serve POST /v1/images/generations"),
                                 ("POST", "/v1/nothing/here", "does not serve POST /v1/nothing/here")]:
         resp = http.request(method, path, headers=key.headers, json={})
         assert resp.status_code == 404
         err = _openai_error(resp)
         assert words in err["message"] and "POST /v1/chat/completions" in err["message"]
+        assert "POST /v1/batches" in err["message"]
+    not_a_form = http.post("/v1/files", headers=key.headers, json={"purpose": "batch"})  # JSON, not a form upload
+    assert not_a_form.status_code == 400 and _openai_error(not_a_form)["param"] in ("file", "purpose")
     wrong = http.get("/v1/chat/completions", headers=key.headers)
     assert wrong.status_code == 405 and wrong.headers["allow"] == "POST"
     assert _openai_error(wrong)["code"] == "method_not_allowed"

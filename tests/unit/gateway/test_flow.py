@@ -714,3 +714,38 @@ async def test_a_class_waits_at_most_its_own_ttl_and_holds_at_most_its_own_numbe
     for t in [*waiting, other]:
         t.cancel()
     await settle()
+
+
+# -- batch lines ---------------------------------------------------------------------------------------------
+
+
+def test_batch_lines_leave_a_quarter_of_the_limit_free() -> None:
+    from baton.api.gateway.flow import batch_limit
+
+    assert [batch_limit(n) for n in (1, 2, 3, 4, 8, 16)] == [1, 1, 2, 3, 6, 12]
+
+
+async def test_batch_lines_go_after_every_interactive_request_and_never_on_the_burst() -> None:
+    from baton.api.gateway.flow import BATCH_CLASS
+
+    f = flow(4, sparse_burst=0.5)
+    lines = [Ticket(C, BATCH_CLASS, 10) for _ in range(4)]
+    tasks = [asyncio.create_task(f.enter(t)) for t in lines]
+    await settle()
+    assert [t.state for t in lines] == ["running"] * 3 + ["waiting"]  # one place of four kept free
+    interactive = Ticket(A, FlowClass(), 10)
+    await f.enter(interactive)  # into the free place, at once
+    assert interactive.state == "running" and f.in_flight == 4
+    queued = Ticket(B, FlowClass(priority=0), 10)  # the lowest SLO band still goes before a batch line
+    q = asyncio.create_task(f.enter(queued))
+    await settle()
+    f.leave(lines[0], 1)
+    await settle()
+    assert queued.state == "running" and lines[3].state == "waiting"
+    f.leave(interactive, 1)
+    await settle()
+    assert lines[3].state == "waiting"  # 3 of 4 in flight: the batch's part is full, the burst is not for it
+    f.leave(queued, 1)
+    await settle()
+    assert lines[3].state == "running"
+    await asyncio.gather(*tasks, q)
