@@ -784,6 +784,80 @@ def fairness(  # noqa: PLR0917 - typer options
         typer.echo(f"plot: {draw(png or path.with_suffix('.png'), result)}")
 
 
+@app.command()
+def batch(  # noqa: PLR0917 - typer options
+    base_url: Annotated[str, typer.Option("--base-url", help="The running Baton's gateway.")]
+    = "http://127.0.0.1:8000",
+    admin_token: Annotated[str | None, typer.Option(
+        "--admin-token", envvar="BATON_SECURITY__ADMIN_TOKEN", show_default=False,
+        help="Bearer token of the admin API (default: from the environment, else from --env-file).")] = None,
+    env_file: Annotated[Path | None, typer.Option(
+        "--env-file", show_default=False, help="The stack's environment file (admin token, database URL, the "
+        "second gateway's settings; default var/baton.env, or $BATON_STATE_DIR/baton.env).")] = None,
+    model: Annotated[str, typer.Option("--model", help="Chat model of the batches and the interactive load.")]
+    = "tiny-llama",
+    phase: Annotated[list[str] | None, typer.Option(
+        "--phase", help="alone, beside, saturation, batch_alone, kill (repeat; default all, in that order).")]
+    = None,
+    lines: Annotated[int, typer.Option("--lines", min=1, help="Lines of the batch beside the interactive load.")]
+    = 1000,
+    alone_lines: Annotated[int, typer.Option("--alone-lines", min=1, help="Lines of the batch run alone.")] = 300,
+    kill_lines: Annotated[int, typer.Option("--kill-lines", min=1, help="Lines of the kill phase's batch.")] = 300,
+    window_s: Annotated[float, typer.Option("--window", min=1, help="Seconds of the interactive load, alone and "
+                                            "beside the batch.")] = 60.0,
+    interval_s: Annotated[float, typer.Option("--interval", min=0.01, help="Seconds between the interactive "
+                                              "tenant's requests (open loop).")] = 0.5,
+    saturation_concurrency: Annotated[int, typer.Option("--saturation-concurrency", min=1)] = 8,
+    saturation_s: Annotated[float, typer.Option("--saturation", min=1, help="Seconds of the saturation load.")]
+    = 30.0,
+    kills: Annotated[int, typer.Option("--kills", min=0, help="SIGKILLs of the second gateway in the kill "
+                                       "phase.")] = 2,
+    second_port: Annotated[int, typer.Option("--second-port", help="Port of the kill phase's second gateway.")]
+    = 8012,
+    out: Annotated[Path | None, typer.Option(
+        "--out", show_default=False, help="JSON result path (default docs/bench-batch.json).")] = None,
+) -> None:
+    """The Batch API on a running Baton (`scripts/up`): an interactive tenant's TTFT p99 beside a 1,000-line
+    batch against the same load alone (target <= 1.10x), the batch within its window, the batch alone against
+    what the pool serves at saturation (target >= 0.8), and a gateway running lines SIGKILLed twice (0 lines
+    lost, 0 duplicated, metered once). Makes its own tenants and deletes them afterwards."""
+    import os
+
+    import httpx
+
+    from baton.bench import report
+    from baton.bench.batch import PHASES, BatchBenchConfig, env_file_values
+    from baton.bench.batch import run as run_batch
+    from baton.bench.fairness import AdminError
+
+    phases = tuple(phase or PHASES)
+    unknown = [p for p in phases if p not in PHASES]
+    if unknown:
+        raise typer.BadParameter(f"unknown phase(s) {unknown}; choose from {list(PHASES)}", param_hint="--phase")
+    env_path = env_file or Path(os.environ.get("BATON_STATE_DIR", "var")) / "baton.env"
+    env = env_file_values(env_path)
+    token = admin_token or env.get("BATON_SECURITY__ADMIN_TOKEN")
+    if not token:
+        raise typer.Exit(_fail_bench(f"no admin token: give --admin-token, or run `scripts/up` (it writes "
+                                     f"BATON_SECURITY__ADMIN_TOKEN to {env_path})"))
+    cfg = BatchBenchConfig(base_url=base_url, admin_token=token, model=model, phases=phases, lines=lines,
+                           alone_lines=alone_lines, kill_lines=kill_lines, window_s=window_s, interval_s=interval_s,
+                           saturation_concurrency=saturation_concurrency, saturation_s=saturation_s, kills=kills,
+                           second_port=second_port, env_file=str(env_path), db_url=env.get("BATON_DB__URL", ""))
+    try:
+        with _progress() as factory:
+            result = run_batch(cfg, log=typer.echo, progress=factory)
+    except (AdminError, RuntimeError, TimeoutError, httpx.HTTPError) as exc:
+        raise typer.Exit(_fail_bench(f"baton bench batch: {exc}")) from None
+    path = report.write_json(_out_path(out, "batch", Path("docs/bench-batch.json")), result)
+    d = result["derived"]
+    typer.echo(f"interactive TTFT p99 beside the batch / alone: {_fmt(d.get('ttft_p99_ratio'))} (target <= "
+               f"{d['targets']['ttft_p99_ratio']:g}); batch within its window: {d.get('batch_within_window')}; "
+               f"slack use {_fmt(d.get('slack_use'))} (target >= {d['targets']['slack_use']:g}); kill: lost "
+               f"{d.get('kill_lost')}, duplicated {d.get('kill_duplicated')}, met {d.get('kill_met')}")
+    typer.echo(f"results: {path}")
+
+
 def _print_fairness(res: dict[str, Any]) -> None:
     from rich.console import Console
     from rich.table import Table

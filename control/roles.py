@@ -1,9 +1,9 @@
 """What each role inside a tenant may do, checked by the use cases themselves (whichever surface calls).
 
-A tenant's admins manage its keys and ask for models; its members read the organisation's pages and use
-the playground (a 15-minute key of their own). A caller that is not a tenant's console user (an operator,
-an admin token, the CLI on the host) passes no role: each of those surfaces authenticates its callers as
-operators before it reaches a use case.
+A tenant's admins manage its keys, ask for models and cancel its batches; its members read the
+organisation's pages (its batches and their files too) and use the playground (a 15-minute key of their
+own). A caller that is not a tenant's console user (an operator, an admin token, the CLI on the host)
+passes no role: each of those surfaces authenticates its callers as operators before it reaches a use case.
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ class TenantAction(enum.StrEnum):
     MANAGE_KEYS = "create, rotate or revoke API keys"
     REQUEST_ACCESS = "ask for access to models"
     USE_PLAYGROUND = "use the playground"
+    CANCEL_BATCHES = "cancel batches"
 
 
 ALLOWED: dict[m.UserRole, frozenset[TenantAction]] = {

@@ -26,10 +26,12 @@ UntilQ = Annotated[dt.datetime | None, Query(description="Until this time (exclu
 
 @router.get("/usage", response_model=Page[UsagePublic], tags=["usage"])
 def list_usage(*, ctx: Ctx, who: Admin, paging: Paging, tenant_id: TenantQ = None, model: ModelQ = None,
-               since: SinceQ = None, until: UntilQ = None) -> Page[UsagePublic]:
-    """One record per completed request, newest first."""
+               since: SinceQ = None, until: UntilQ = None,
+               batch_id: Annotated[str | None, Query(max_length=64, description="Only the lines of this batch.")]
+               = None) -> Page[UsagePublic]:
+    """One record per completed request, newest first (a batch's lines name it in ``batch_id``)."""
     with ctx.db.system() as uow:
-        stmt = uow.usage.query(tenant_id=tenant_id, model=model, since=since, until=until)
+        stmt = uow.usage.query(tenant_id=tenant_id, model=model, since=since, until=until, batch_id=batch_id)
         rows, total = uow.usage.page(stmt, limit=paging.limit, offset=paging.offset)
         data = [UsagePublic.model_validate(r) for r in rows]
     return Page(data=data, count=total, limit=paging.limit, offset=paging.offset)

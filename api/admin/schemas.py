@@ -243,6 +243,7 @@ class UsagePublic(_Out):
     prompt_tokens: int
     completion_tokens: int
     cached_tokens: int
+    batch_id: str | None = None
     created_at: dt.datetime
 
 

@@ -112,9 +112,7 @@ async def create_batch(req: BatchRequest, principal: PrincipalDep, db: DbDep, se
         use.create_batch, db, tenant_id=principal.tenant_id, key_id=principal.key_id,
         req=use.NewBatch(req.input_file_id, req.endpoint, req.completion_window, req.metadata), allowed=allowed,
         max_lines=settings.max_lines)
-    runner = getattr(request.app.state, "batch_runner", None)
-    if runner is not None:
-        runner.poke()
+    _poke(request)
     return _json(body)
 
 
@@ -130,5 +128,13 @@ async def get_batch(batch_id: str, principal: PrincipalDep, db: DbDep) -> Respon
 
 
 @router.post("/batches/{batch_id}/cancel", responses=ERROR_RESPONSES, summary="Cancel a batch")
-async def cancel_batch(batch_id: str, principal: PrincipalDep, db: DbDep) -> Response:
-    return _json(await asyncio.to_thread(use.cancel_batch, db, principal.tenant_id, batch_id))
+async def cancel_batch(batch_id: str, principal: PrincipalDep, db: DbDep, request: Request) -> Response:
+    body = await asyncio.to_thread(use.cancel_batch, db, principal.tenant_id, batch_id)
+    _poke(request)  # the batch ends as soon as its running lines have
+    return _json(body)
+
+
+def _poke(request: Request) -> None:
+    runner = getattr(request.app.state, "batch_runner", None)
+    if runner is not None:
+        runner.poke()

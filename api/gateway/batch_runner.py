@@ -74,6 +74,7 @@ class BatchRunner:
         self._task: asyncio.Task[None] | None = None
         self._wake = asyncio.Event()
         self._renewed = 0.0
+        self._idle = False  # no batch running anywhere: look less often
         self.lines_run = 0  # results written by this process (tests, metrics)
 
     async def start(self) -> None:
@@ -112,8 +113,9 @@ class BatchRunner:
             except Exception as exc:  # Postgres away: the next tick tries again
                 log.warning("batch runner: tick failed (%s)", type(exc).__name__)
             self._wake.clear()
+            wait = self.settings.idle_poll_s if self._idle else self.settings.poll_s / (4 if busy else 1)
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._wake.wait(), timeout=self.settings.poll_s / (4 if busy else 1))
+                await asyncio.wait_for(self._wake.wait(), timeout=wait)
 
     async def _tick(self) -> bool:
         s = self.settings
@@ -126,8 +128,9 @@ class BatchRunner:
         free = s.concurrency - len(self._inflight)
         if free <= 0:
             return True
-        models = [name for name in await asyncio.to_thread(use.running_models, self.db)
-                  if self._room(name) and await self.gateway.router.resolve(name) is not None]
+        running = await asyncio.to_thread(use.running_models, self.db)
+        self._idle = not running and not self._inflight
+        models = [name for name in running if self._room(name) and await self.gateway.router.resolve(name) is not None]
         if not models:
             return bool(self._inflight)
         claimed = await asyncio.to_thread(use.claim, self.db, models=models, limit=free, lease_s=s.lease_s)

@@ -545,8 +545,11 @@ class UsageRepository(Repository[m.UsageRecord]):
         model: str | None = None,
         since: dt.datetime | None = None,
         until: dt.datetime | None = None,
+        batch_id: str | None = None,
     ) -> Select[tuple[m.UsageRecord]]:
         stmt = select(m.UsageRecord)
+        if batch_id is not None:
+            stmt = stmt.where(m.UsageRecord.batch_id == batch_id)
         if tenant_id is not None:
             stmt = stmt.where(m.UsageRecord.tenant_id == tenant_id)
         if model is not None:
@@ -1080,6 +1083,8 @@ class FileRepository(Repository[m.StoredFile]):
 
 #: The states of a line that has not ended.
 OPEN_LINE_STATES = ("pending", "running")
+#: The statuses of a batch that has not ended.
+OPEN_BATCH_STATUSES = ("validating", "in_progress", "finalizing", "cancelling")
 
 
 class BatchRepository(Repository[m.Batch]):
@@ -1213,3 +1218,38 @@ class BatchRepository(Repository[m.Batch]):
         b = m.Batch
         with translated():
             return list(self.session.scalars(select(b.model).where(b.status == "in_progress").distinct()))
+
+    # -- the operators' view, across tenants (a system session) --------------------------------------------
+
+    def status_by_model(self, *, since: dt.datetime) -> list[tuple[str, str, int]]:
+        """``(model, status, batches)`` of the batches still open or created since ``since``."""
+        b = m.Batch
+        with translated():
+            rows = self.session.execute(select(b.model, b.status, func.count()).where(_shown_batch(since))
+                                        .group_by(b.model, b.status))
+        return [(model, status, int(n)) for model, status, n in rows]
+
+    def lines_by_model(self, *, since: dt.datetime) -> list[tuple[str, str, int]]:
+        """``(model, line state, lines)`` of the same batches as :meth:`status_by_model`."""
+        b, bl = m.Batch, m.BatchLine
+        with translated():
+            rows = self.session.execute(select(b.model, bl.state, func.count()).join(bl, bl.batch_id == b.id)
+                                        .where(_shown_batch(since)).group_by(b.model, bl.state))
+        return [(model, state, int(n)) for model, state, n in rows]
+
+    def open_with_tenants(self, *, limit: int) -> list[tuple[m.Batch, str, str]]:
+        """Up to ``limit`` open batches, oldest first (the order the runners take their lines in), each with
+        its tenant's name and display name."""
+        b, t = m.Batch, m.Tenant
+        with translated():
+            rows = self.session.execute(select(b, t.name, t.display_name).join(t, t.id == b.tenant_id)
+                                        .where(b.status.in_(OPEN_BATCH_STATUSES))
+                                        .order_by(b.created_at, b.id).limit(limit)).all()
+        return [(batch, name, display) for batch, name, display in rows]
+
+
+
+def _shown_batch(since: dt.datetime) -> Any:
+    """The batches the operators' view counts: every open one, and those created since ``since``."""
+    b = m.Batch
+    return b.status.in_(OPEN_BATCH_STATUSES) | (b.created_at >= since)

@@ -104,7 +104,9 @@ class BatchSettings(BaseModel):
         "waits in its model's flow-control queue below every interactive band.")
     lease_s: float = Field(30.0, gt=1, description="How long a claimed line is held without a renewal: a gateway "
                            "that dies mid-line loses its lines to another after this.")
-    poll_s: float = Field(1.0, gt=0, description="How often an idle gateway looks for batch work.")
+    poll_s: float = Field(1.0, gt=0, description="How often a gateway looks for lines while a batch runs.")
+    idle_poll_s: float = Field(5.0, gt=0, description="... and while none runs anywhere (a batch created on "
+                               "this gateway starts at once; on another, within this).")
     max_attempts: int = Field(8, ge=1, description="Tries of a line refused for a passing reason (limits, a busy "
                               "or absent pool) before it fails.")
 
