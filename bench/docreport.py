@@ -4,7 +4,7 @@ A generated block in the document sits between ``<!-- report:NAME -->`` and ``<!
 the JSON beside the document (``docs/bench-NAME.json``; ``docs/NAME.json`` for a chaos run, NAME
 ``chaos-...``) and the JSON's ``benchmark`` field picks the renderer (NAME does for older results without
 one): ``serve``, ``gateway``, ``handoff``, ``pd``, ``path``, ``recovery``, ``chaos``, ``idle``, ``ingest``,
-``ratelimit``, ``revoke``, ``fairness``. Everything inside a block is this module's output, byte for byte,
+``ratelimit``, ``revoke``, ``fairness``, ``batch``. Everything inside a block is this module's output, byte for byte,
 so a figure in such a block always comes from a result that says where it came from (its ``provenance``:
 commit, command, machine, load). :func:`check` is what the test suite runs: the document must equal
 :func:`render_document`'s output for the committed JSON.
@@ -669,10 +669,73 @@ def _fairness_target_rows(d: dict[str, Any]) -> list[list[str]]:
     return rows
 
 
+def _batch_target_rows(d: dict[str, Any]) -> list[list[str]]:
+    der, t = d.get("derived") or {}, (d.get("derived") or {}).get("targets") or {}
+    rows = []
+    if "ttft_p99_ratio" in der:
+        rows.append(["an interactive tenant's TTFT p99 beside a batch / alone (same load)",
+                     f"<= {t.get('ttft_p99_ratio', 1.1):g}", _num(der["ttft_p99_ratio"], 2),
+                     _met(der.get("ttft_p99_ratio_met"))])
+    if "batch_within_window" in der:
+        b = d["beside"]["batch"]
+        rows.append([f"a {b['input']:,}-line batch beside it ends within its window (24 h)", "completed",
+                     f"{b['status']} in {_num(b['seconds'], 0)} s", _met(der["batch_within_window"])])
+    if "slack_use" in der:
+        rows.append(["a batch alone: lines per second / requests per second at saturation",
+                     f">= {t.get('slack_use', 0.8):g}", _num(der["slack_use"], 2), _met(der.get("slack_use_met"))])
+    if "kill_met" in der:
+        k = d["kill"]
+        rows.append([f"a gateway running lines SIGKILLed {len(k['kills_at_s'])} times: lines lost, duplicated; usage "
+                     "rows = completed lines", "0, 0; equal", f"{k['lost']}, {k['duplicated']}; {k['usage_rows']} for "
+                     f"{k['completed']}", _met(der["kill_met"])])
+    return rows
+
+
+def _batch(d: dict[str, Any]) -> str:
+    c = d["config"]
+    head = (f"Lines: a chat request of ~{c['line_words']} words and {c['line_max_tokens']} tokens each; interactive "
+            f"tenant: a streamed request of ~20 words and 16 tokens every {c['interval_s']:g} s for "
+            f"{c['window_s']:g} s, TTFT at the client:\n\n")
+    rows = []
+    for phase, label in (("alone", "interactive alone"), ("beside", "interactive beside the batch")):
+        p = d.get(phase)
+        if not p:
+            continue
+        s = p.get("interactive", p)
+        ttft = s["ttft_ms"]
+        rows.append([label, str(s["sent"]), str(s["completed"]), _num(ttft.get("p50")), _num(ttft.get("p90")),
+                     _num(ttft.get("p99"))])
+    table = _rows(["phase", "sent", "completed", "TTFT p50 ms", "p90", "p99"], rows) if rows else ""
+    runs = []
+    if "beside" in d:
+        b = d["beside"]["batch"]
+        runs.append(["beside the interactive load", f"{b['input']:,}", b["status"], f"{b['completed']:,} / "
+                     f"{b['failed']:,}", _num(b["seconds"], 0), _num(b["lines_per_s"], 2),
+                     f"{b['lost']}, {b['duplicated']}"])
+    if "batch_alone" in d:
+        b = d["batch_alone"]
+        runs.append(["alone", f"{c['alone_lines']:,}", b["status"], f"{b['completed']:,} / {b['failed']:,}",
+                     _num(b["seconds"], 0), _num(b["lines_per_s"], 2), "-"])
+    if "kill" in d:
+        k = d["kill"]
+        att = k.get("attempts") or {}
+        runs.append([f"a second gateway SIGKILLed at {', '.join(_num(x, 0) + ' s' for x in k['kills_at_s'])} "
+                     f"({att.get('lines_run_again', 'n/a')} lines run again)", f"{k['input']:,}", k["status"],
+                     f"{k['completed']:,} / {k['failed']:,}", _num(k["seconds"], 0), _num(k["lines_per_s"], 2),
+                     f"{k['lost']}, {k['duplicated']}"])
+    sat = d.get("saturation")
+    tail = (f"\nAt saturation ({c['saturation_concurrency']} requests of a line's shape in flight for "
+            f"{c['saturation_s']:g} s) the pool served {_num(sat['requests_per_s'], 2)} requests per second.\n"
+            if sat else "")
+    return (head + table + "\n" + _rows(["batch", "lines", "status", "completed / failed", "seconds", "lines/s",
+                                          "lost, duplicated"], runs) + tail + "\n"
+            + _rows(["figure", "target", "measured", "met"], _batch_target_rows(d)))
+
+
 RENDERERS: dict[str, Callable[[dict[str, Any]], str]] = {
     "idle": _idle, "ingest": _ingest, "ratelimit": _ratelimit, "revoke": _revoke, "serve": _serve,
     "gateway": _gateway, "handoff": _handoff, "pd": _pd, "path": _path, "recovery": _recovery, "chaos": _chaos,
-    "fairness": _fairness,
+    "fairness": _fairness, "batch": _batch,
 }
 """Renderer by the result's ``benchmark`` (by the block's name for older results without one); a ``chaos``
 renderer also takes every name that starts with ``chaos`` (``chaos-20-kills``)."""
@@ -796,12 +859,13 @@ TARGETS: dict[str, Callable[[dict[str, Any]], list[list[str]]]] = {
                           f"{_num(d['seen_by_all_ms']['p99'])} ms", _met(d["met"])]],
     "fairness": lambda d: [[f"flow control: {row[0]}", *row[1:]] for row in _fairness_target_rows(d)
                            if row[3] != "n/a"],
+    "batch": lambda d: [[f"Batch API: {row[0]}", *row[1:]] for row in _batch_target_rows(d)],
 }
 """The target rows (``[figure, target, measured, met]``) of a result, by its benchmark."""
 
 #: The results the summary reads, in the order of the document (those present).
 SUMMARY = ("gateway-zero", "gateway-engine", "path", "idle", "handoff", "pd", "recovery", "chaos-default-topology",
-           "ingest", "ratelimit", "revoke", "fairness")
+           "ingest", "ratelimit", "revoke", "fairness", "batch")
 
 
 def _load(name: str, docs_dir: Path) -> tuple[str, dict[str, Any]]:
