@@ -102,7 +102,7 @@ class BatchSettings(BaseModel):
     concurrency: int = Field(
         4, ge=1, description="Lines each gateway process has in flight at once, all batches together; each also "
         "waits in its model's flow-control queue below every interactive band.")
-    lease_s: float = Field(30.0, gt=1, description="How long a claimed line is held without a renewal: a gateway "
+    lease_s: float = Field(10.0, gt=1, description="How long a claimed line is held without a renewal: a gateway "
                            "that dies mid-line loses its lines to another after this.")
     poll_s: float = Field(1.0, gt=0, description="How often a gateway looks for lines while a batch runs.")
     idle_poll_s: float = Field(5.0, gt=0, description="... and while none runs anywhere (a batch created on "
