@@ -396,6 +396,8 @@ class Gateway:
         cls, alone = principal.flow_class(call.grant.name), True
         if line is not None:
             cls, outcome.batch_id = BATCH_CLASS, line.batch_id
+            if span is not None:
+                span.set_attribute(t.ATTR_BATCH, line.batch_id)
         if self.flow is not None:
             alone = (await self._queue(principal, cls, call, outcome, admitted.lease)).alone
         if call.endpoint != "embeddings":

@@ -52,6 +52,7 @@ ATTR_DEPLOYMENT = "baton.deployment"
 ATTR_FLOW_CLASS = "baton.flow.class"  # the SLO class a request was queued as
 ATTR_FLOW_BAND = "baton.flow.band"  # its priority band
 ATTR_FLOW_OUTCOME = "baton.flow.outcome"  # running (went upstream), or why it was refused
+ATTR_BATCH = "baton.batch.id"  # the batch a request is a line of
 ATTR_MODEL = "gen_ai.request.model"
 ATTR_INPUT_TOKENS = "gen_ai.usage.input_tokens"
 ATTR_OUTPUT_TOKENS = "gen_ai.usage.output_tokens"

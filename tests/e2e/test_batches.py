@@ -19,6 +19,8 @@ import orjson
 import pytest
 from sqlalchemy import create_engine, text
 
+from baton.core import telemetry as t
+
 pytestmark = pytest.mark.e2e
 
 WORDS = ["amber", "basalt", "cedar", "delta", "ember", "fjord", "garnet", "harbor"]
@@ -45,7 +47,9 @@ def _output(client: openai.OpenAI, file_id: str | None) -> dict[str, dict[str, A
     return {r["custom_id"]: r for r in rows}
 
 
-def test_a_tenant_runs_chat_and_embedding_batches_with_the_official_client(baton_stack: Any) -> None:
+def test_a_tenant_runs_chat_and_embedding_batches_with_the_official_client(baton_stack: Any,
+                                                                         otlp_receiver: Any) -> None:
+    _, receiver = otlp_receiver
     client = openai.OpenAI(base_url=f"{baton_stack.gateway_url}/v1", api_key=baton_stack.api_key, max_retries=0,
                            timeout=120)
     model = baton_stack.model
@@ -86,8 +90,9 @@ def test_a_tenant_runs_chat_and_embedding_batches_with_the_official_client(baton
         deadline = time.monotonic() + 30  # records and usage are written by the gateway's meter, in batches
         while True:
             with engine.connect() as conn:
-                classes = conn.execute(text("SELECT flow_class, status FROM request_records "
-                                            "WHERE id::text = ANY(:ids)"), {"ids": ids}).all()
+                rows = conn.execute(text("SELECT flow_class, status, trace_id FROM request_records "
+                                         "WHERE id::text = ANY(:ids)"), {"ids": ids}).all()
+                classes = [(r[0], r[1]) for r in rows]
                 usage = conn.execute(text("SELECT count(*) FROM usage_records WHERE batch_id = :b"),
                                      {"b": batch.id}).scalar()
             if (len(classes), usage) == (5, 5) or time.monotonic() > deadline:
@@ -97,6 +102,14 @@ def test_a_tenant_runs_chat_and_embedding_batches_with_the_official_client(baton
         engine.dispose()
     assert sorted((c, str(s)) for c, s in classes) == [("batch", "completed")] * 5
     assert usage == 5
+    # traced like any request, the gateway's span naming the batch and its queue span the batch class
+    trace_id = rows[0][2]
+    deadline = time.monotonic() + 30
+    while not (spans := {s["name"]: s for s in receiver.trace(trace_id)}).get(t.SPAN_FLOW_QUEUE):
+        assert time.monotonic() < deadline, list(spans)
+        time.sleep(0.5)
+    assert spans[t.SPAN_FLOW_QUEUE]["attrs"][t.ATTR_FLOW_CLASS] == "batch"
+    assert any(s["attrs"].get(t.ATTR_BATCH) == batch.id for s in spans.values())
 
     embed = [{"custom_id": f"e{i}", "method": "POST", "url": "/v1/embeddings",
               "body": {"model": baton_stack.embed_model, "input": f"{w} stone"}} for i, w in enumerate(WORDS)]
