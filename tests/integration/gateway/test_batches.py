@@ -196,3 +196,27 @@ def test_a_line_taken_over_after_its_lease_is_written_once(db: Database, make_te
         out = b"".join(data for _, data in uow.files.parts(b.output_file_id))
     (line,) = [orjson.loads(x) for x in out.splitlines()]
     assert line["custom_id"] == "l0" and line["response"]["body"] == {"n": 2}
+
+
+def test_the_sweep_ends_a_batch_past_its_window_and_deletes_expired_files(db: Database, make_tenant: MakeTenant,
+                                                                          catalogue: Catalogue) -> None:
+    from baton.control import jobs
+
+    key = make_tenant([catalogue.small])
+    model = f"expired-{uuid.uuid4().hex[:6]}"  # no gateway routes it: its lines wait until the window passes
+    batch_id = _batch_of(db, key.tenant_id, model, 3)
+    (running,) = use.claim(db, models=[model], limit=1, lease_s=60)  # one line was running when it expired
+    past = dt.datetime.now(dt.UTC) - dt.timedelta(seconds=1)
+    with db.tenant(key.tenant_id) as uow:
+        uow.batches.require(batch_id).expires_at = past
+        uow.files.add(m.StoredFile(id=use.new_id("file-"), tenant_id=key.tenant_id, purpose="batch_output",
+                                   filename="old.jsonl", expires_at=past))
+        uow.commit()
+    swept = jobs.sweep_batches(db, part_bytes=4096, retention_days=1)
+    assert batch_id in swept["ended"] and swept["files_deleted"] >= 1
+    assert not use.finish(db, running, ok=True, response={"status_code": 200, "body": {}})  # too late: dropped
+    with db.tenant(key.tenant_id) as uow:
+        b = uow.batches.require(batch_id)
+        assert b.status == "expired" and b.expired_at is not None and b.output_file_id is None
+        errs = [orjson.loads(x) for x in b"".join(d for _, d in uow.files.parts(b.error_file_id or "")).splitlines()]
+    assert [(e["custom_id"], e["error"]["code"]) for e in errs] == [(f"l{i}", "batch_expired") for i in range(3)]
