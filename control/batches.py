@@ -22,6 +22,9 @@ from typing import IO, Any
 
 import orjson
 
+from baton.control.audit import audit
+from baton.control.roles import TenantAction, authorize
+from baton.control.usecase import Actor
 from baton.core import errors
 from baton.core import models as m
 from baton.core.db import Database, UnitOfWork
@@ -369,6 +372,50 @@ def cancel_batch(db: Database, tenant_id: uuid.UUID, batch_id: str) -> dict[str,
         elif b.status not in ("cancelling", "cancelled"):
             raise errors.ConflictError(f"Cannot cancel a batch with status '{b.status}'.", param="batch_id")
         return batch_json(b, uow.batches.counts([b.id]).get(b.id))
+
+
+def cancel_batch_for(db: Database, tenant_id: uuid.UUID, batch_id: str, *, actor: Actor) -> dict[str, Any]:
+    """:func:`cancel_batch` for a person of the tenant (the console): only a role that may cancel batches
+    (:mod:`baton.control.roles`), and audited (``batch.cancel``, in a transaction of its own after the
+    cancel's) when this call is the one that stopped the batch."""
+    authorize(actor.role, TenantAction.CANCEL_BATCHES)
+    before = get_batch(db, tenant_id, batch_id)
+    out = cancel_batch(db, tenant_id, batch_id)
+    if out["status"] != before["status"]:
+        named = {"name": batch_id, "model": out["model"]}  # the audit log names a target from ``name``
+        with db.tenant(tenant_id) as uow:
+            audit(uow, actor, "batch.cancel", "batch", batch_id, tenant_id=tenant_id,
+                  before={**named, "status": before["status"]}, after={**named, "status": out["status"]})
+            uow.commit()
+    return out
+
+
+# -- the operators' view -------------------------------------------------------------------------------------
+
+#: How many open batches the operators' view lists, all models together.
+OPEN_LISTED = 200
+
+
+def batches_by_model(db: Database, *, since: dt.datetime, limit: int = OPEN_LISTED) -> dict[str, Any]:
+    """Every tenant's batches per model: those still open or created since ``since`` counted by status and
+    their lines by state, and the open ones (oldest first, at most ``limit`` in all) with their tenant and
+    progress. ``more``: open batches were left out."""
+    with db.system() as uow:
+        models: dict[str, dict[str, Any]] = {}
+
+        def of(model: str) -> dict[str, Any]:
+            return models.setdefault(model, {"model": model, "batches": {}, "lines": {}, "open": []})
+
+        for model, status, n in uow.batches.status_by_model(since=since):
+            of(model)["batches"][status] = n
+        for model, state, n in uow.batches.lines_by_model(since=since):
+            of(model)["lines"][state] = n
+        listed = uow.batches.open_with_tenants(limit=limit + 1)
+        counts = uow.batches.counts([b.id for b, _, _ in listed[:limit]])
+        for b, name, display in listed[:limit]:
+            of(b.model)["open"].append({**batch_json(b, counts.get(b.id)), "tenant_id": str(b.tenant_id),
+                                        "tenant_name": name, "tenant_display_name": display})
+    return {"since": since.isoformat(), "models": [models[k] for k in sorted(models)], "more": len(listed) > limit}
 
 
 # -- running the lines --------------------------------------------------------------------------------------

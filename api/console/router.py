@@ -12,7 +12,7 @@ from typing import Any
 from fastapi import APIRouter, Depends, Request, Response
 from pydantic import BaseModel, ConfigDict, Field
 
-from baton.api.console import operator, operator_flow, operator_tenants, static, tenant
+from baton.api.console import operator, operator_batches, operator_flow, operator_tenants, static, tenant
 from baton.api.console.auth import COOKIE_NAME, Account, ConsoleUser, NewSession, check_origin
 from baton.api.console.common import ConsoleRoute, Ctx, User
 from baton.control.tenancy import SignUp as SignUpCommand
@@ -156,6 +156,7 @@ api.include_router(tenant.router)
 api.include_router(operator.router)
 api.include_router(operator_tenants.router)
 api.include_router(operator_flow.router)
+api.include_router(operator_batches.router)
 
 #: What the API process mounts: the JSON API under ``/console/api`` and the front end under ``/console/``.
 router = APIRouter()

@@ -1,17 +1,21 @@
-"""The console's tenant pages: overview, keys, models (and access requests), usage, SLOs, requests and the
-playground's key. Changes go through the control plane (``ctx.control``), acting as ``console:<email>``."""
+"""The console's tenant pages: overview, keys, models (and access requests), usage, SLOs, requests, batches
+(and their files' bytes) and the playground's key. Changes go through the control plane (``ctx.control``,
+:mod:`baton.control.batches`), acting as ``console:<email>``."""
 
 from __future__ import annotations
 
 import datetime as dt
+import urllib.parse
 import uuid
 from typing import Annotated, Any, Literal
 
-from fastapi import APIRouter, Query, Request
+from fastapi import APIRouter, Path, Query, Request
+from fastapi.responses import StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field
 
 from baton.api.console import queries
 from baton.api.console.common import ConsoleRoute, Ctx, TenantUser
+from baton.control import batches
 from baton.control.keys import ApiKeyView, IssuedKey
 from baton.control.tenancy import AccessRequestView, RequestAccess
 from baton.control.usecase import Actor
@@ -233,3 +237,40 @@ def get_request(request_id: uuid.UUID, ctx: Ctx, user: TenantUser) -> dict[str, 
                    finished_at=row.finished_at.isoformat(), recovery=list(row.recovery_steps or []),
                    waterfall=queries.waterfall(row))
     return out
+
+
+#: A batch's or a file's id (``batch_…``, ``file-…``), as the Batch API makes them.
+ObjectId = Annotated[str, Path(pattern=r"^[A-Za-z0-9_-]{1,64}$")]
+
+
+@router.get("/batches")
+def list_batches(ctx: Ctx, user: TenantUser, limit: Annotated[int, Query(ge=1, le=100)] = 20,
+                 after: Annotated[str | None, Query(pattern=r"^[A-Za-z0-9_-]{1,64}$")] = None) -> dict[str, Any]:
+    """The organisation's batches, newest first, in OpenAI's ``Batch`` shape (``after``: the last id of the
+    page before; ``has_more``: older ones follow)."""
+    return batches.list_batches(ctx.db, _tid(user), after=after, limit=limit)
+
+
+@router.post("/batches/{batch_id}/cancel")
+def cancel_batch(batch_id: ObjectId, ctx: Ctx, request: Request, user: TenantUser) -> dict[str, Any]:
+    """Stops a batch: its requests not started are not run; those running finish and are kept in its output.
+    Admins only (403 for a member); 409 for a batch that has ended."""
+    return batches.cancel_batch_for(ctx.db, _tid(user), batch_id, actor=_actor(request, user))
+
+
+@router.get("/files/{file_id}/content", response_class=StreamingResponse,
+            responses={200: {"content": {"application/jsonl": {}}, "description": "The file's bytes"}})
+def file_content(file_id: ObjectId, ctx: Ctx, user: TenantUser) -> StreamingResponse:
+    """A batch's input, output or error file, as a download (streamed a part at a time); 404 once it has
+    expired."""
+    tid = _tid(user)
+    name = str(batches.get_file(ctx.db, tid, file_id)["filename"])
+    return StreamingResponse(batches.read_parts(ctx.db, tid, file_id), media_type="application/jsonl",
+                             headers={"Content-Disposition": _attachment(name)})
+
+
+def _attachment(filename: str) -> str:
+    """``Content-Disposition`` of a download named ``filename`` (RFC 6266: any other character than a plain
+    one goes percent-encoded in ``filename*``)."""
+    quoted = urllib.parse.quote(filename, safe="")
+    return f'attachment; filename="{filename}"' if quoted == filename else f"attachment; filename*=utf-8''{quoted}"

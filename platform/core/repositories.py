@@ -1248,7 +1248,6 @@ class BatchRepository(Repository[m.Batch]):
         return [(batch, name, display) for batch, name, display in rows]
 
 
-
 def _shown_batch(since: dt.datetime) -> Any:
     """The batches the operators' view counts: every open one, and those created since ``since``."""
     b = m.Batch

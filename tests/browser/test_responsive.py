@@ -1,8 +1,9 @@
 """Every console page on a phone (390 x 844) and a laptop (1366 x 768): nothing wider than the screen, no
-error banner, no script error. A new tenant from its sign-up, and an operator."""
+error banner, no script error. A new tenant from its sign-up (with a running batch), and an operator."""
 
 from __future__ import annotations
 
+import io
 import re
 import uuid
 from collections.abc import Iterator
@@ -17,10 +18,10 @@ from .test_console import grant, sign_up
 pytestmark = pytest.mark.browser
 
 TENANT_PAGES = ["/console/", "/console/keys", "/console/models", "/console/usage", "/console/slo",
-                "/console/requests", "/console/playground"]
+                "/console/requests", "/console/batches", "/console/playground"]
 OPERATOR_PAGES = ["/console/ops", "/console/ops/tenants", "/console/ops/models", "/console/ops/deployments",
-                  "/console/ops/queues", "/console/ops/slo", "/console/ops/planner", "/console/ops/users",
-                  "/console/ops/tokens", "/console/ops/audit"]
+                  "/console/ops/queues", "/console/ops/batches", "/console/ops/slo", "/console/ops/planner",
+                  "/console/ops/users", "/console/ops/tokens", "/console/ops/audit"]
 VIEWPORTS = {"phone": (390, 844), "laptop": (1366, 768)}
 
 
@@ -48,16 +49,45 @@ def _check(page: Any, path: str, width: int) -> None:
     assert scroll <= width, f"{path} is {scroll} px wide on a {width} px screen"
 
 
+def _running_batch(stack: Stack, tenant_id: uuid.UUID) -> None:
+    """A batch of three requests for a model no gateway serves (so it keeps running), one of them done: the
+    Batches pages show their tables, with a progress bar and a cancel button."""
+    from baton.control import batches
+
+    model = f"batch-only-{uuid.uuid4().hex[:6]}"
+    body = b"".join(b'{"custom_id": "r%d", "url": "/v1/chat/completions", "body": {"model": "%s"}}\n'
+                    % (i, model.encode()) for i in range(3))
+    f = batches.store_file(stack.db, tenant_id=tenant_id, key_id=None, purpose="batch", filename="in.jsonl",
+                           source=io.BytesIO(body), part_bytes=1 << 16, max_bytes=1 << 20, max_lines=10)
+    batches.create_batch(stack.db, tenant_id=tenant_id, key_id=None, allowed=[model], max_lines=10,
+                         req=batches.NewBatch(f["id"], "/v1/chat/completions", "24h", None))
+    line = batches.claim(stack.db, models=[model], limit=1, lease_s=600)[0]
+    assert batches.finish(stack.db, line, ok=True, response={"status_code": 200, "body": {}})
+
+
+def _a_tenant(stack: Stack) -> uuid.UUID:
+    from baton.core import models as m
+
+    with stack.db.system() as uow:
+        tenant = uow.tenants.add(m.Tenant(name=f"batcher-{uuid.uuid4().hex[:6]}", display_name="Batcher"))
+        uow.commit()
+        return tenant.id
+
+
 def test_a_new_tenants_pages_fit_the_screen(sized, stack: Stack) -> None:  # type: ignore[no-untyped-def]
     name, page, errors = sized
     width = VIEWPORTS[name][0]
     page.goto("/console/signup")
     assert page.evaluate("document.documentElement.scrollWidth") <= width
     slug, _ = sign_up(page, stack)
-    grant(stack.db, slug, stack.model_id)
+    _running_batch(stack, grant(stack.db, slug, stack.model_id))
     for path in TENANT_PAGES:
         _check(page, path, width)
     shot(page, f"responsive-{name}-tenant-playground")
+    page.goto("/console/batches")  # the running batch: one of its three requests done, and it may be cancelled
+    expect(page.get_by_role("progressbar")).to_have_attribute("aria-valuenow", "1")
+    expect(page.get_by_role("button", name=re.compile("Cancel"))).to_be_visible()
+    shot(page, f"responsive-{name}-tenant-batches")
     assert errors == []
 
 
@@ -77,6 +107,7 @@ def test_the_operators_pages_fit_the_screen(sized, stack: Stack) -> None:  # typ
     name, page, errors = sized
     width = VIEWPORTS[name][0]
     _long_named_policy(stack)
+    _running_batch(stack, _a_tenant(stack))
     page.goto("/console/login")
     page.get_by_label("Email").fill(stack.operator_email)
     page.get_by_label("Password").fill(PASSWORD)

@@ -3,6 +3,7 @@ import { ApiError, api, setCsrf, type SessionInfo } from "./api";
 import { SignIn, SignUp } from "./auth";
 import { ErrorMessage, Loading, Page } from "./components";
 import { Audit } from "./ops/audit";
+import { OpsBatches } from "./ops/batches";
 import { Deployments } from "./ops/deployments";
 import { ModelsCatalogue } from "./ops/models";
 import { OpsOverview } from "./ops/overview";
@@ -13,7 +14,7 @@ import { AdminTokens } from "./ops/tokens";
 import { TenantUsers } from "./ops/users";
 import { Queues } from "./queues";
 import { Link, RouterProvider, useRoute } from "./router";
-import { Keys, Models, Overview, Playground, RequestPage, Requests, SloPage, UsagePage } from "./tenant";
+import { Batches, Keys, Models, Overview, Playground, RequestPage, Requests, SloPage, UsagePage } from "./tenant";
 
 const TENANT_NAV: [string, string][] = [
   ["/", "Overview"],
@@ -22,6 +23,7 @@ const TENANT_NAV: [string, string][] = [
   ["/usage", "Usage"],
   ["/slo", "Service levels"],
   ["/requests", "Requests"],
+  ["/batches", "Batches"],
   ["/playground", "Playground"],
 ];
 
@@ -31,6 +33,7 @@ const OPS_NAV: [string, string][] = [
   ["/ops/models", "Models"],
   ["/ops/deployments", "Deployments"],
   ["/ops/queues", "Queues"],
+  ["/ops/batches", "Batches"],
   ["/ops/slo", "SLO policies"],
   ["/ops/planner", "Planner"],
   ["/ops/users", "Users"],
@@ -101,8 +104,8 @@ function Shell() {
   }
 
   const isOperator = session.user.role === "operator";
-  // a tenant's members read and use the playground; its admins manage keys and ask for models (the API
-  // enforces the same: baton.control.roles)
+  // a tenant's members read and use the playground; its admins manage keys, ask for models and cancel
+  // batches (the API enforces the same: baton.control.roles)
   const canManage = session.user.role !== "tenant_member";
   const nav = isOperator ? OPS_NAV : TENANT_NAV;
   let page;
@@ -114,6 +117,7 @@ function Shell() {
     else if (path === "/ops/models") page = <ModelsCatalogue />;
     else if (path === "/ops/deployments") page = <Deployments />;
     else if (path === "/ops/queues") page = <Queues />;
+    else if (path === "/ops/batches") page = <OpsBatches />;
     else if (path === "/ops/slo") page = <SloPolicies />;
     else if (path === "/ops/planner") page = <Planner />;
     else if (path === "/ops/users") page = <TenantUsers />;
@@ -129,6 +133,7 @@ function Shell() {
   else if (path === "/slo") page = <SloPage />;
   else if (path === "/requests") page = <Requests />;
   else if (path.startsWith("/requests/")) page = <RequestPage id={path.slice("/requests/".length)} />;
+  else if (path === "/batches") page = <Batches canManage={canManage} />;
   else if (path === "/playground") page = <Playground />;
   else page = <NotFound />;
 

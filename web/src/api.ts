@@ -187,6 +187,33 @@ export interface CatalogueModel {
   requested: boolean;
 }
 
+// --- batches ------------------------------------------------------------------------------------
+
+/** A batch of the Batch API, in OpenAI's ``Batch`` shape (times in Unix seconds). */
+export interface Batch {
+  id: string;
+  endpoint: string;
+  model: string;
+  status: "validating" | "in_progress" | "finalizing" | "completed" | "failed" | "expired" | "cancelling" | "cancelled";
+  input_file_id: string;
+  output_file_id: string | null;
+  error_file_id: string | null;
+  created_at: number;
+  expires_at: number | null;
+  completed_at: number | null;
+  cancelled_at: number | null;
+  request_counts: { total: number; completed: number; failed: number };
+  errors: { data: { code?: string; message?: string; line?: number | null }[] } | null;
+}
+
+/** A page of batches, newest first (``/tenant/batches``). */
+export interface BatchList {
+  data: Batch[];
+  first_id: string | null;
+  last_id: string | null;
+  has_more: boolean;
+}
+
 // --- flow control -------------------------------------------------------------------------------
 
 /** One tenant's traffic on one model, all gateway processes together (``/ops/flow``). */

@@ -304,10 +304,27 @@ export function Badge({ tone, children }: { tone: "ok" | "warn" | "bad" | "info"
 
 export function stateTone(state: string): "ok" | "warn" | "bad" | "info" | "muted" {
   if (["running", "active", "completed"].includes(state)) return "ok";
-  if (["pending", "deploying", "expiring"].includes(state)) return "info";
+  if (["pending", "deploying", "expiring", "in_progress", "validating", "finalizing", "cancelling"].includes(state)) return "info";
   if (["unhealthy", "cancelled"].includes(state)) return "warn";
   if (["failed", "revoked", "expired", "suspended"].includes(state)) return "bad";
   return "muted";
+}
+
+/** How far a piece of work has come: ``done`` of ``total`` as a bar (the part of it that failed in red) and in figures. */
+export function Progress({ done, failed = 0, total, label }: { done: number; failed?: number; total: number; label: string }) {
+  const pct = (n: number) => (total > 0 ? Math.min(100, (n / total) * 100) : 0);
+  return (
+    <span className="progress">
+      <span className="progress-bar" role="progressbar" aria-label={label} aria-valuemin={0} aria-valuemax={total} aria-valuenow={done + failed}>
+        <span className="progress-done" style={{ width: `${pct(done)}%` }} />
+        <span className="progress-failed" style={{ width: `${pct(failed)}%` }} />
+      </span>
+      <span className="progress-text">
+        {fmtInt(done + failed)} of {fmtInt(total)}
+        {failed > 0 && <span className="bad-text"> ({fmtInt(failed)} failed)</span>}
+      </span>
+    </span>
+  );
 }
 
 /** A new secret, shown once: focused when it appears, with a copy button, until the person says it is saved. */
@@ -364,6 +381,8 @@ export const fmtMs = (n: number | null | undefined) =>
 export const fmtPct = (n: number | null | undefined) => (n === null || n === undefined ? "–" : `${(n * 100).toFixed(1)} %`);
 export const fmtTime = (iso: string | null | undefined) =>
   iso ? new Date(iso).toLocaleString("en-GB", { day: "numeric", month: "short", year: "numeric", hour: "2-digit", minute: "2-digit", hour12: false }) : "–";
+/** A time the OpenAI-shaped records give in Unix seconds. */
+export const fmtEpoch = (s: number | null | undefined) => (s === null || s === undefined ? "–" : fmtTime(new Date(s * 1000).toISOString()));
 export function fmtBytes(n: number | null | undefined) {
   if (n === null || n === undefined) return "–";
   const units = ["B", "KiB", "MiB", "GiB"];

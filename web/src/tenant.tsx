@@ -4,6 +4,8 @@ import {
   api,
   type AccessRequest,
   type ApiKey,
+  type Batch,
+  type BatchList,
   type CatalogueModel,
   type FlowLevel,
   type IssuedKey,
@@ -23,12 +25,15 @@ import {
   Loading,
   Page,
   Pager,
+  Progress,
+  RowButton,
   SecretOnce,
   Stat,
   Table,
   TableHead,
   Waterfall,
   fmtBytes,
+  fmtEpoch,
   fmtInt,
   fmtMs,
   fmtPct,
@@ -695,6 +700,97 @@ export function RequestPage({ id }: { id: string }) {
           </div>
         </>
       )}
+    </Page>
+  );
+}
+
+// --- batches ------------------------------------------------------------------------------------
+
+const BATCH_PAGE = 20;
+/** Batches whose requests still wait to run: these a person may cancel. */
+const CANCELLABLE = ["validating", "in_progress"];
+
+/** A link that downloads one of a batch's files (a plain GET of the console's API, with the session's cookie). */
+function FileLink({ id, label, batch }: { id: string | null; label: string; batch: string }) {
+  if (!id) return null;
+  return (
+    <a href={`/console/api/tenant/files/${encodeURIComponent(id)}/content`} download>
+      {label} <span className="sr-only">file of {batch}</span>
+    </a>
+  );
+}
+
+export function Batches({ canManage }: { canManage: boolean }) {
+  // the `after` cursor of each older page opened (none: the newest page)
+  const [cursors, setCursors] = useState<string[]>([]);
+  const after = cursors[cursors.length - 1];
+  const q = useApi<BatchList>(`/tenant/batches?limit=${BATCH_PAGE}${after ? `&after=${encodeURIComponent(after)}` : ""}`, [after], 10000);
+  const act = useAction(() => q.reload());
+  const cancel = (b: Batch) =>
+    act.confirmed(`Cancel the batch ${b.id}? Its requests that have not started are not run; those running finish and are kept.`, () =>
+      api(`/tenant/batches/${encodeURIComponent(b.id)}/cancel`, { method: "POST" }),
+    );
+  return (
+    <Page
+      title="Batches"
+      intro={<>Requests sent together with the Batch API (<code>/v1/files</code>, <code>/v1/batches</code>), run within 24 hours beside your interactive traffic, never ahead of it.</>}
+    >
+      {!canManage && <p className="muted" data-testid="member-note">An admin of your organisation can cancel a batch.</p>}
+      <ErrorMessage error={act.error} />
+      <Loaded
+        q={q}
+        what="batches"
+        isEmpty={(d) => d.data.length === 0 && cursors.length === 0}
+        empty={<>No batches yet. Upload a file of requests (one JSON object a line) to <code>/v1/files</code> with purpose <code>batch</code>, then create a batch of it at <code>/v1/batches</code>.</>}
+      >
+        {(page) => (
+          <div className="card">
+            <Table caption="Your organisation's batches, newest first" cols={["Batch", "Endpoint", "Model", "Status", "Progress", "Created", "Files"]} actions={canManage ? "Actions" : undefined}>
+              {page.data.map((b) => (
+                <tr key={b.id}>
+                  <th scope="row">
+                    <code>{b.id}</code>
+                  </th>
+                  <td>
+                    <code>{b.endpoint}</code>
+                  </td>
+                  <td>{b.model}</td>
+                  <td>
+                    <Badge tone={stateTone(b.status)}>{b.status.replace(/_/g, " ")}</Badge>
+                    {b.errors?.data[0]?.message && <div className="muted small">{b.errors.data[0].message}</div>}
+                  </td>
+                  <td>
+                    <Progress done={b.request_counts.completed} failed={b.request_counts.failed} total={b.request_counts.total} label={`Requests of ${b.id} ended`} />
+                  </td>
+                  <td>{fmtEpoch(b.created_at)}</td>
+                  <td>
+                    <span className="row">
+                      <FileLink id={b.input_file_id} label="Input" batch={b.id} />
+                      <FileLink id={b.output_file_id} label="Output" batch={b.id} />
+                      <FileLink id={b.error_file_id} label="Errors" batch={b.id} />
+                    </span>
+                  </td>
+                  {canManage && (
+                    <td className="actions">
+                      {CANCELLABLE.includes(b.status) && <RowButton label="Cancel" target={b.id} className="danger" disabled={act.busy} onClick={() => cancel(b)} />}
+                    </td>
+                  )}
+                </tr>
+              ))}
+            </Table>
+            {(cursors.length > 0 || page.has_more) && (
+              <nav className="pager" aria-label="Pages of batches">
+                <button type="button" className="secondary" disabled={cursors.length === 0} onClick={() => setCursors((c) => c.slice(0, -1))}>
+                  Newer
+                </button>
+                <button type="button" className="secondary" disabled={!page.has_more || !page.last_id} onClick={() => page.last_id && setCursors((c) => [...c, page.last_id as string])}>
+                  Older
+                </button>
+              </nav>
+            )}
+          </div>
+        )}
+      </Loaded>
     </Page>
   );
 }

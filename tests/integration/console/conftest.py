@@ -111,6 +111,18 @@ def operator(console_app, db: Database) -> Iterator[Session]:  # type: ignore[no
         yield Session(c, r.json()["csrf_token"], None, email)
 
 
+def add_member(console_app, operator: Session, tenant_id: uuid.UUID) -> Session:  # type: ignore[no-untyped-def]
+    """A member (``tenant_member``) of the tenant, added by an operator and signed in; close its client."""
+    email = f"member-{uuid.uuid4().hex[:8]}@example.com"
+    made = operator.post(f"/console/api/ops/tenants/{tenant_id}/users",
+                         json={"email": email, "password": PASSWORD, "role": "tenant_member"})
+    assert made.status_code == 201 and made.json()["role"] == "tenant_member", made.text
+    c = TestClient(console_app)
+    r = c.post("/console/api/login", json={"email": email, "password": PASSWORD})
+    assert r.status_code == 200, r.text
+    return Session(c, r.json()["csrf_token"], tenant_id, email)
+
+
 def add_model(db: Database, name: str | None = None) -> m.Model:
     with db.system() as uow:
         model = uow.models.add(m.Model(name=name or f"console-model-{uuid.uuid4().hex[:6]}", source="/nonexistent",

@@ -8,26 +8,14 @@ from __future__ import annotations
 import uuid
 
 import pytest
-from fastapi.testclient import TestClient
 
 from baton.core import errors
 from baton.core import models as m
 from baton.core.db import Database
 
-from .conftest import PASSWORD, Session, SignUp, add_model, grant
+from .conftest import Session, SignUp, add_member, add_model, grant
 
 API = "/console/api"
-
-
-def _member(console_app, operator: Session, tenant_id: uuid.UUID) -> Session:  # type: ignore[no-untyped-def]
-    email = f"member-{uuid.uuid4().hex[:8]}@example.com"
-    made = operator.post(f"{API}/ops/tenants/{tenant_id}/users",
-                         json={"email": email, "password": PASSWORD, "role": "tenant_member"})
-    assert made.status_code == 201 and made.json()["role"] == "tenant_member", made.text
-    c = TestClient(console_app)
-    r = c.post(f"{API}/login", json={"email": email, "password": PASSWORD})
-    assert r.status_code == 200, r.text
-    return Session(c, r.json()["csrf_token"], tenant_id, email)
 
 
 def test_a_member_reads_and_plays_but_changes_no_key_and_asks_for_no_model(
@@ -39,7 +27,7 @@ def test_a_member_reads_and_plays_but_changes_no_key_and_asks_for_no_model(
     made = admin.post(f"{API}/tenant/keys", json={"name": "admins-key"})
     assert made.status_code == 201, made.text
     key_id = made.json()["key"]["id"]
-    member = _member(console_app, operator, admin.tenant_id)
+    member = add_member(console_app, operator, admin.tenant_id)
     try:
         # reads and the playground
         assert member.get(f"{API}/session").json()["user"]["role"] == "tenant_member"

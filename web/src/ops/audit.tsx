@@ -16,7 +16,7 @@ interface AuditRow {
   after: unknown;
 }
 
-const TARGET_TYPES = ["tenant", "user", "api_key", "access_request", "model", "tenant_model", "deployment", "slo_policy", "slo_assignment", "admin_token", "serve_config"];
+const TARGET_TYPES = ["tenant", "user", "api_key", "access_request", "model", "tenant_model", "deployment", "slo_policy", "slo_assignment", "admin_token", "serve_config", "batch"];
 const words = (type: string) => type.replace(/_/g, " ");
 
 export function Audit() {
@@ -31,7 +31,7 @@ export function Audit() {
   return (
     <Page
       title="Audit log"
-      intro="Every change to tenants, keys, models, deployments and policies, with who made it."
+      intro="Every change to tenants, keys, models, deployments, policies and batches, with who made it."
       actions={
         <div>
           <label htmlFor="audit-type">Show</label>{" "}
