@@ -9,7 +9,10 @@ prompt, and the request record's steps against the rung that must have served:
 
 - decode replica SIGKILLed mid-stream: the rest of the stream comes from the prefill engine at once
   (``aggregated_fallback``), not after Ray replaced the replica;
-- prefill replica SIGKILLed during a long prefill: the decode replica prefills locally (``local_prefill``);
+- prefill replica SIGKILLed with a long prefill outstanding: the decode replica prefills locally
+  (``local_prefill``). The replica is frozen (SIGSTOP) before the request is sent and killed while the request
+  waits on it, so the kill lands before the first token however fast the machine prefills (a kill timed
+  80 ms after sending came after a 105 ms TTFT on a fast machine);
 - the LMCache Redis tier down: served as before, nothing fails.
 """
 
@@ -128,10 +131,13 @@ def test_a_prefill_kill_during_a_long_prefill_is_prefilled_on_the_decode_side(st
     killed: dict[str, Any] = {}
 
     def killer(t0: float) -> None:
-        time.sleep(0.08)
+        time.sleep(0.3)  # the request reaches the frozen replica and waits there
         killed["pids"] = _kill(victims)
         killed["at"] = time.perf_counter() - t0
 
+    for pid in victims:  # frozen first: the prefill cannot finish before the kill, on any machine
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGSTOP)
     t0 = time.perf_counter()
     thread = threading.Thread(target=killer, args=(t0,))
     thread.start()
