@@ -287,7 +287,7 @@ def _keep(check: LineCheck, number: int, value: dict[str, Any], *, rows: list[di
     if line is None or check.problems:
         return
     rows.append({"batch_id": batch_id, "line": number, "tenant_id": tenant_id, "custom_id": line[0],
-                 "body": line[1], "request_id": uuid.uuid4()})
+                 "body": orjson.dumps(line[1]), "request_id": uuid.uuid4()})
     if len(rows) >= LINE_ROWS:
         uow.batches.add_lines(rows)
         rows.clear()
@@ -432,7 +432,7 @@ class Claimed:
     api_key_id: uuid.UUID | None
     endpoint: str
     custom_id: str
-    body: dict[str, Any]
+    body: bytes  # the request's JSON
     request_id: uuid.UUID
 
     @property
@@ -460,11 +460,11 @@ def renew(db: Database, held: list[tuple[str, int, int]], *, lease_s: float) -> 
 
 
 def finish(db: Database, line: Claimed, *, ok: bool, response: dict[str, Any]) -> bool:
-    """The line's answer (``response``: OpenAI's ``{"status_code", "request_id", "body"}``), if this attempt
-    still holds it."""
+    """The line's answer (``response``: OpenAI's ``{"status_code", "request_id", "body"}``, the body as an
+    ``orjson.Fragment`` of the answer's bytes or as a value), if this attempt still holds it."""
     with db.system() as uow:
         kept = uow.batches.finish_line(line.batch_id, line.line, line.attempt, state="done" if ok else "failed",
-                                       response=response, error=None, now=dt.datetime.now(dt.UTC))
+                                       response=orjson.dumps(response), error=None, now=dt.datetime.now(dt.UTC))
         uow.commit()
     return kept
 
@@ -523,8 +523,9 @@ def _finalize(uow: UnitOfWork, b: m.Batch, *, now: dt.datetime, part_bytes: int,
 
 def output_line(line: m.BatchLine) -> bytes:
     """One line of a batch's output or error file, as OpenAI writes it."""
+    response = orjson.Fragment(line.response) if line.response is not None else None
     return orjson.dumps({"id": f"batch_req_{line.request_id.hex}", "custom_id": line.custom_id,
-                         "response": line.response, "error": line.error}) + b"\n"
+                         "response": response, "error": line.error}) + b"\n"
 
 
 def _write_lines(uow: UnitOfWork, b: m.Batch, states: tuple[str, ...], filename: str, *, now: dt.datetime,

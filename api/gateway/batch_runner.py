@@ -46,6 +46,13 @@ _SCHEMAS: dict[str, type[BaseModel]] = {
 }
 #: How long a loaded principal is used before it is read again (a revoked key stops its batch within this).
 PRINCIPAL_TTL_S = 30.0
+#: Claims of a line beyond ``max_attempts`` (its runner died, its lease ran out) before it fails unrun.
+TAKEOVERS = 3
+
+
+def _server_error(rid: str) -> dict[str, Any]:
+    return {"status_code": 500, "request_id": rid, "body": orjson.Fragment(openai_error_body(
+        "The request failed inside Baton.", status=500, code="internal_error"))}
 
 
 def _retryable(exc: errors.BatonError) -> bool:
@@ -166,8 +173,12 @@ class BatchRunner:
     async def _run(self, line: use.Claimed) -> None:
         rid = f"req-{line.request_id.hex}"
         try:
+            if line.attempt > self.settings.max_attempts + TAKEOVERS:
+                # taken over again and again: whatever ends its runs (a crash, a result that cannot be kept)
+                # would end every later one too
+                raise errors.ServerError(f"The request could not be completed in {line.attempt - 1} attempts.")
             body = await self._answer(line)
-            ok, response = True, {"status_code": 200, "request_id": rid, "body": body}
+            ok, response = True, {"status_code": 200, "request_id": rid, "body": orjson.Fragment(body)}
         except asyncio.CancelledError:
             raise
         except errors.BatonError as exc:
@@ -180,29 +191,34 @@ class BatchRunner:
             ok, response = False, {"status_code": exc.status, "request_id": rid, "body": error}
         except Exception:  # never lose a line to a bug: it fails with a server error, logged
             log.exception("batch %s line %d failed", line.batch_id, line.line)
-            ok, response = False, {"status_code": 500, "request_id": rid, "body": orjson.loads(openai_error_body(
-                "The request failed inside Baton.", status=500, code="internal_error"))}
-        if await asyncio.to_thread(use.finish, self.db, line, ok=ok, response=response):
+            ok, response = False, _server_error(rid)
+        try:
+            kept = await asyncio.to_thread(use.finish, self.db, line, ok=ok, response=response)
+        except errors.ClientError:  # Postgres refused the result itself: the line fails, it is not run again
+            log.exception("batch %s line %d: its result could not be kept", line.batch_id, line.line)
+            kept = await asyncio.to_thread(use.finish, self.db, line, ok=False, response=_server_error(rid))
+        if kept:
             self.lines_run += 1
 
-    async def _answer(self, line: use.Claimed) -> Any:
+    async def _answer(self, line: use.Claimed) -> bytes:
         principal = await self._principal(line.api_key_id)
         if principal is None:
             raise errors.AuthenticationError("The API key that created this batch no longer exists.")
         principal.check(time.time())
         ref = BatchLineRef(line.batch_id, line.request_id)
+        body = orjson.loads(line.body)
         if line.endpoint == "responses":
             try:
-                req = responses.ResponseRequest.model_validate(line.body)
+                req = responses.ResponseRequest.model_validate(body)
             except PydanticValidationError as exc:
                 raise validation_error(exc.errors()) from None
             answer = await responses.create(self.gateway, principal, req, traceparent=None, auth_ns=None, line=ref)
         else:
             try:
-                parsed = _SCHEMAS[line.endpoint].model_validate(line.body)
+                parsed = _SCHEMAS[line.endpoint].model_validate(body)
             except PydanticValidationError as exc:
                 raise validation_error(exc.errors()) from None
             payload = parsed.model_dump(mode="json", exclude_unset=True,
                                         exclude_none=line.endpoint == "embeddings")
             answer = await self.gateway.serve(line.endpoint, principal, payload, traceparent=None, line=ref)
-        return orjson.loads(bytes(answer.body))
+        return bytes(answer.body)  # JSON the gateway has parsed already (it metered the answer's usage)

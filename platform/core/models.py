@@ -441,15 +441,17 @@ class BatchLine(Base):
         UUID(as_uuid=True), ForeignKey("tenants.id", ondelete="CASCADE"), nullable=False
     )
     custom_id: Mapped[str] = mapped_column(String(512), nullable=False)
-    body: Mapped[dict[str, Any]] = mapped_column(JSONB, nullable=False)
+    #: The request's body, JSON as bytes (JSONB cannot hold a NUL character, which a prompt or an answer may).
+    body: Mapped[bytes] = mapped_column(LargeBinary, nullable=False)
     state: Mapped[str] = mapped_column(String(16), nullable=False, server_default=text("'pending'"))
     attempt: Mapped[int] = mapped_column(Integer, nullable=False, server_default=text("0"))
     lease_until: Mapped[dt.datetime | None] = mapped_column(DateTime(timezone=True))
     #: When a line put back (limits, a busy pool) may be claimed again.
     not_before: Mapped[dt.datetime | None] = mapped_column(DateTime(timezone=True))
     request_id: Mapped[uuid.UUID] = mapped_column(UUID(as_uuid=True), nullable=False)
-    #: OpenAI's ``response`` of the output line: ``{"status_code", "request_id", "body"}``.
-    response: Mapped[dict[str, Any] | None] = mapped_column(JSONB(none_as_null=True))
+    #: OpenAI's ``response`` of the output line, ``{"status_code", "request_id", "body"}``, JSON as bytes (the
+    #: engine's answer as it came: a generated NUL character is ``\u0000`` in it, which JSONB refuses).
+    response: Mapped[bytes | None] = mapped_column(LargeBinary)
     #: OpenAI's ``error`` of a line that did not run: ``{"code", "message"}``.
     error: Mapped[dict[str, Any] | None] = mapped_column(JSONB(none_as_null=True))
     finished_at: Mapped[dt.datetime | None] = mapped_column(DateTime(timezone=True))

@@ -1156,7 +1156,7 @@ class BatchRepository(Repository[m.Batch]):
                                              "lines": [h[1] for h in held], "attempts": [h[2] for h in held]})
         return int(getattr(res, "rowcount", 0) or 0)
 
-    def finish_line(self, batch_id: str, line: int, attempt: int, *, state: str, response: dict[str, Any] | None,
+    def finish_line(self, batch_id: str, line: int, attempt: int, *, state: str, response: bytes | None,
                     error: dict[str, Any] | None, now: dt.datetime) -> bool:
         """Writes a line's result if ``attempt`` still holds it; False: another attempt took it over (the
         result is dropped, so the line is in the output once)."""
