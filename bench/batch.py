@@ -72,15 +72,15 @@ class BatchBenchConfig:
     phases: tuple[str, ...] = PHASES
     lines: int = 1000
     alone_lines: int = 300
-    kill_lines: int = 300
+    kill_lines: int = 1000
     line_words: int = 20
-    line_max_tokens: int = 16
+    line_max_tokens: int = 32
     interval_s: float = 0.5
     window_s: float = 60.0
     saturation_concurrency: int = 8
     saturation_s: float = 30.0
     kills: int = 2
-    kill_every_s: float = 8.0
+    kill_every_s: float = 4.0
     second_port: int = 8012
     env_file: str = "var/baton.env"
     db_url: str = ""
@@ -152,12 +152,22 @@ def _interactive(cfg: BatchBenchConfig, phase: str, key: str) -> Driver:
                   seed=cfg.seed)
 
 
-async def _load(ds: list[Driver], span_s: float, tick: Callable[[], None]) -> dict[str, Any]:
-    (result,) = await _phase_in_processes(ds, span_s, tick)
+async def _load(ds: list[Driver], span_s: float, tick: Callable[[], None], *,
+                until: asyncio.Future[float] | None = None) -> dict[str, Any]:
+    """One tenant's load in a process of its own, summarized; with ``until`` (a future of a unix time, e.g. a
+    batch's end), only the requests sent before it count."""
+    started: list[float] = []
+    (result,) = await _phase_in_processes(ds, span_s, tick, started=started)
     if "error" in result:
         raise RuntimeError(f"{ds[0].phase}: the load failed:\n{result['error']}")
     outcomes = [StreamOutcome(**o) for o in result["outcomes"]]
-    return summarize_tenant(outcomes, result["elapsed_s"])
+    summary: dict[str, Any] = {}
+    if until is not None:
+        end = await until
+        kept = [o for o in outcomes if started[0] + o.start_s <= end]
+        summary["counted_while_the_batch_ran"] = f"{len(kept)} of {len(outcomes)} requests"
+        outcomes = kept
+    return {**summarize_tenant(outcomes, result["elapsed_s"]), **summary}
 
 
 def _rate(batch: Mapping[str, Any], started: Mapping[str, Any]) -> dict[str, Any]:
@@ -274,9 +284,17 @@ async def run_async(cfg: BatchBenchConfig, *, log: Callable[[str], None] = print
             content, ids = line_file(cfg, cfg.lines, f"beside-{run_id}")
             batch = await start_batch(http, made.secrets["t"], content)
             log(f"beside: batch {batch['id']} of {cfg.lines} lines; tenant I's same load beside it")
+            waiting = asyncio.ensure_future(wait_batch(http, made.secrets["t"], batch, cfg.batch_timeout_s))
+            batch_end: asyncio.Future[float] = asyncio.get_running_loop().create_future()
+
+            def ended_now(_f: Any) -> None:
+                if not batch_end.done():
+                    batch_end.set_result(time.time())
+
+            waiting.add_done_callback(ended_now)
             inter = await _load([_interactive(cfg, "beside", made.secrets["i"])], cfg.window_s,
-                                _ticker(progress, "beside", math.ceil(cfg.window_s)))
-            ended = await wait_batch(http, made.secrets["t"], batch, cfg.batch_timeout_s)
+                                _ticker(progress, "beside", math.ceil(cfg.window_s)), until=batch_end)
+            ended = await waiting
             check = lines_check(ids, await file_ids(http, made.secrets["t"], ended.get("output_file_id")),
                                 await file_ids(http, made.secrets["t"], ended.get("error_file_id")))
             out["beside"] = {"interactive": inter, "batch": {**_rate(ended, batch), **check}}

@@ -942,8 +942,10 @@ def drivers(cfg: FairnessConfig, phase: str, secrets: Mapping[str, str]) -> list
     raise ValueError(f"unknown phase {phase!r}; choose from {', '.join(PHASES)}")
 
 
-async def _phase_in_processes(ds: Sequence[Driver], span_s: float, tick: Callable[[], None]) -> list[dict[str, Any]]:
-    """Each driver in a spawned process; all start together once every one is ready (imports done)."""
+async def _phase_in_processes(ds: Sequence[Driver], span_s: float, tick: Callable[[], None], *,
+                              started: list[float] | None = None) -> list[dict[str, Any]]:
+    """Each driver in a spawned process; all start together once every one is ready (imports done).
+    ``started`` gets the phase's start (unix seconds: each outcome's ``start_s`` counts from it)."""
     ctx = mp.get_context("spawn")
     out = ctx.Queue()
     go = ctx.Event()
@@ -975,6 +977,8 @@ async def _phase_in_processes(ds: Sequence[Driver], span_s: float, tick: Callabl
                 ready += 1
                 if ready == len(ds):
                     start_at.value = time.time() + 0.5
+                    if started is not None:
+                        started.append(start_at.value)
                     go.set()
                     next_tick = time.monotonic() + 1.5
                 continue
