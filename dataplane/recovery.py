@@ -120,6 +120,38 @@ def live_replicas(handle: Any) -> int | None:
         return None
 
 
+class PoolGone(Exception):
+    """The pool a call waits on has no live replica left (see :func:`first_answer`)."""
+
+
+#: How often a waiting prefill call looks whether its pool still has a live replica.
+POOL_WATCH_S = 0.02
+
+
+async def first_answer(gen: Any, gone: Callable[[], bool], *, timeout_s: float,
+                       watch_s: float = POOL_WATCH_S) -> Any:
+    """The first chunk of ``gen``, or :class:`PoolGone` as soon as ``gone()`` (the pool's last live replica
+    died: Serve's router holds the call for a replacement that takes minutes, so without this the call
+    waits out ``timeout_s``, 10 s by default), or :class:`TimeoutError` after ``timeout_s``. The check is
+    one attribute read every ``watch_s`` while a prefill is outstanding."""
+    task = asyncio.ensure_future(gen.__anext__())
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout_s
+    try:
+        while True:
+            left = deadline - loop.time()
+            if left <= 0:
+                raise TimeoutError
+            done, _ = await asyncio.wait({task}, timeout=min(watch_s, left))
+            if done:
+                return task.result()
+            if gone():
+                raise PoolGone
+    finally:
+        if not task.done():
+            task.cancel()
+
+
 def request_id_of(raw_request_info: Any) -> str | None:
     headers = getattr(raw_request_info, "headers", None) or {}
     rid = headers.get(REQUEST_ID_HEADER) if isinstance(headers, dict) else None
@@ -188,11 +220,14 @@ async def _ladder(server: Any, request: Any, raw_request_info: Any, *,
             gen = call.remote(prefill_request, raw_request_info)
             timed_out = False
             try:
-                async with asyncio.timeout(policy.timeout_s):  # not wait_for: it can lose a cancellation (3.11)
-                    chunk = await gen.__anext__()
+                chunk = await first_answer(gen, lambda: live_replicas(server._prefill_handle) == 0,
+                                           timeout_s=policy.timeout_s)
             except TimeoutError:
                 why = f"prefill did not answer within {policy.timeout_s:g} s"
                 timed_out = True
+                chunk = None
+            except PoolGone:
+                why = "the prefill pool lost its last live replica while the call waited"
                 chunk = None
             except StopAsyncIteration:
                 why = "prefill ended without an answer"

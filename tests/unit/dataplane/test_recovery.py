@@ -35,6 +35,10 @@ class _Gen:
             raise RuntimeError("ActorDiedError")  # what a dead replica's call raises (any exception)
         if self.behaviour == "hang":
             await asyncio.Event().wait()
+        if self.behaviour == "held":  # Serve's router holds the call: its replica died, a new one is far off
+            await asyncio.sleep(0.03)
+            self.on_held()
+            await asyncio.Event().wait()
         if self.behaviour == "503":
             return recovery.unavailable("engine dead")
         if self.behaviour == "400":
@@ -56,6 +60,7 @@ class _Method:
 
     def remote(self, request: Any, raw: Any) -> _Gen:
         gen = _Gen(self.script.pop(0) if self.script else "ok")
+        gen.on_held = self.on_die or (lambda: None)  # type: ignore[attr-defined]
         self.calls.append(gen)
         if gen.behaviour == "die" and self.on_die is not None:
             self.on_die()
@@ -204,6 +209,21 @@ def test_a_dead_only_replica_is_not_retried_the_decode_side_prefills() -> None:
     assert out == ["tok-1", "tok-2"] and not isinstance(decoded[0], tuple)
     assert len(server.method.calls) == 1
     assert _steps(facts) == [("local_prefill", "recovered")]
+
+
+def test_a_call_held_while_the_only_replica_dies_ends_at_once_not_at_the_timeout() -> None:
+    """A prefill replica SIGKILLed mid-prefill: Serve's router keeps the call for a replacement instead of
+    failing it, so only the pool's live replicas say it is gone (the call waited out the 10 s timeout)."""
+    slow = PrefillPolicy(timeout_s=30.0, attempts=3, backoff_s=0.0)
+    import time
+
+    t0 = time.perf_counter()
+    out, decoded, server, facts = _run(["held", "ok"], policy=slow, live=1)
+    assert time.perf_counter() - t0 < 5  # far from the 30 s timeout: the pool's death ended the wait
+    assert out == ["tok-1", "tok-2"] and not isinstance(decoded[0], tuple)
+    assert len(server.method.calls) == 1 and server.method.calls[0].cancelled
+    assert _steps(facts) == [("local_prefill", "recovered")]
+    assert "lost its last live replica" in _recorded_steps(facts)[0]["detail"]
 
 
 def test_a_stalled_only_replica_is_not_asked_again_but_one_of_two_is() -> None:
