@@ -829,6 +829,7 @@ def batch(  # noqa: PLR0917 - typer options
     from baton.bench.batch import PHASES, BatchBenchConfig, env_file_values
     from baton.bench.batch import run as run_batch
     from baton.bench.fairness import AdminError
+    from baton.core.settings import Settings
 
     phases = tuple(phase or PHASES)
     unknown = [p for p in phases if p not in PHASES]
@@ -843,7 +844,8 @@ def batch(  # noqa: PLR0917 - typer options
     cfg = BatchBenchConfig(base_url=base_url, admin_token=token, model=model, phases=phases, lines=lines,
                            alone_lines=alone_lines, kill_lines=kill_lines, window_s=window_s, interval_s=interval_s,
                            saturation_concurrency=saturation_concurrency, saturation_s=saturation_s, kills=kills,
-                           second_port=second_port, env_file=str(env_path), db_url=env.get("BATON_DB__URL", ""))
+                           second_port=second_port, env_file=str(env_path),
+                           db_url=env.get("BATON_DB__URL") or Settings().db.url)
     try:
         with _progress() as factory:
             result = run_batch(cfg, log=typer.echo, progress=factory)

@@ -100,8 +100,9 @@ class BatchSettings(BaseModel):
         30.0, gt=0, description="How long a batch's output and error files are kept (input files are kept until "
         "deleted).")
     concurrency: int = Field(
-        4, ge=1, description="Lines each gateway process has in flight at once, all batches together; each also "
-        "waits in its model's flow-control queue below every interactive band.")
+        16, ge=1, description="Lines each gateway process has claimed at once, all batches together. With flow "
+        "control on, they wait in the model's queue below every interactive band and at most three quarters of "
+        "its learned limit go upstream; with it off, this is the cap.")
     lease_s: float = Field(10.0, gt=1, description="How long a claimed line is held without a renewal: a gateway "
                            "that dies mid-line loses its lines to another after this.")
     poll_s: float = Field(1.0, gt=0, description="How often a gateway looks for lines while a batch runs.")
