@@ -109,16 +109,22 @@ class FlowClass:
 
 DEFAULT_CLASS = FlowClass()
 #: The band of batch lines (docs/batch.md): below every SLO band (0-100), so a line goes upstream only when
-#: no interactive request waits; it never takes the sparse burst, and leaves :func:`batch_limit` free.
+#: no interactive request waits; it never takes the sparse burst, and holds at most :func:`batch_limit`.
 BATCH_BAND = -1
 #: Batch lines wait for room as long as it takes (the runner holds only a few at a time).
 BATCH_CLASS = FlowClass(name="batch", priority=BATCH_BAND, max_wait_s=3600.0)
 
 
-def batch_limit(limit: int) -> int:
-    """What batch lines may hold of a learned ``limit``: a quarter of it (at least one slot) stays free for an
-    interactive arrival, which then starts at once instead of waiting for a line to end."""
-    return max(limit - max(limit // 4, 1), 1) if limit > 1 else limit
+def batch_limit(limit: int, *, interactive: bool) -> int:
+    """A batch line goes upstream only while fewer requests than this (all bands together) are in flight on
+    the model, of a learned ``limit``. With no interactive request on the model lately, all but one slot
+    (which an arrival then finds free); with interactive traffic, a quarter of it (at least one): every line
+    running shares the engines' steps with an interactive request's prefill, and on a small host each one
+    costs it TTFT (``baton bench batch``: lines up to three quarters of the limit made the interactive TTFT
+    p99 3.6x its figure alone)."""
+    if interactive:
+        return max(limit // 4, 1)
+    return max(limit - 1, 1)
 
 
 @dataclass(frozen=True, slots=True)
@@ -286,6 +292,7 @@ class ModelFlow:
         self.served_tokens: dict[uuid.UUID, list[int]] = {}  # tenant -> [prompt, decode]
         self.queued_s: dict[uuid.UUID, float] = {}  # tenant -> seconds its started requests waited, summed
         self._seen: dict[uuid.UUID, float] = {}  # tenant -> when it last sent a request to the model
+        self._interactive_at = -math.inf  # when an interactive (not batch) request last arrived
         self._band_of: dict[uuid.UUID, int] = {}  # tenant -> the band of its last request
         self._served: dict[uuid.UUID, float] = {}  # tenant -> weighted cost served here (no lifts), for the others
         self._recent: dict[uuid.UUID, tuple[float, float]] = {}  # tenant -> (decayed service, as of when)
@@ -310,8 +317,10 @@ class ModelFlow:
         ticket.new_flow = ticket.tenant not in self._running and not any(
             ticket.tenant in b.queues for b in self._bands.values())
         limit = self.limit_now(ticket.cls.priority, arriving=ticket)
-        if limit is not None and ticket.cls.priority <= BATCH_BAND:
-            limit = batch_limit(limit)
+        if ticket.cls.priority > BATCH_BAND:
+            self._interactive_at = self.clock()
+        elif limit is not None:
+            limit = self._batch_limit(limit)
         if limit is None or (self.waiting == 0 and self.in_flight < limit and not self._held(ticket.cls.priority)):
             self._start(ticket, waited_s=0.0)
             return
@@ -644,6 +653,10 @@ class ModelFlow:
         ticket.state = "waiting"
         self.waiting += 1
 
+    def _batch_limit(self, limit: int) -> int:
+        """:func:`batch_limit` of ``limit``, with interactive traffic if a request arrived within ``recent_s``."""
+        return batch_limit(limit, interactive=self.clock() - self._interactive_at < self.settings.recent_s)
+
     def _held(self, priority: int) -> bool:
         """A higher band waits in another gateway process: this band waits too."""
         return self._remote_top is not None and self._remote_top > priority
@@ -659,7 +672,7 @@ class ModelFlow:
             if self._held(band.priority):
                 return
             limit = self.limit_now(band.priority)
-            if band.priority <= BATCH_BAND and limit is not None and self.in_flight >= batch_limit(limit):
+            if band.priority <= BATCH_BAND and limit is not None and self.in_flight >= self._batch_limit(limit):
                 return  # batch lines never go beside the limit
             sparse = limit is not None and self.in_flight >= limit
             if not sparse:

@@ -719,33 +719,45 @@ async def test_a_class_waits_at_most_its_own_ttl_and_holds_at_most_its_own_numbe
 # -- batch lines ---------------------------------------------------------------------------------------------
 
 
-def test_batch_lines_leave_a_quarter_of_the_limit_free() -> None:
+def test_batch_lines_hold_all_but_one_place_alone_and_a_quarter_beside_interactive_traffic() -> None:
     from baton.api.gateway.flow import batch_limit
 
-    assert [batch_limit(n) for n in (1, 2, 3, 4, 8, 16)] == [1, 1, 2, 3, 6, 12]
+    assert [batch_limit(n, interactive=False) for n in (1, 2, 4, 8, 16)] == [1, 1, 3, 7, 15]
+    assert [batch_limit(n, interactive=True) for n in (1, 2, 4, 8, 16)] == [1, 1, 1, 2, 4]
 
 
 async def test_batch_lines_go_after_every_interactive_request_and_never_on_the_burst() -> None:
     from baton.api.gateway.flow import BATCH_CLASS
 
-    f = flow(4, sparse_burst=0.5)
-    lines = [Ticket(C, BATCH_CLASS, 10) for _ in range(4)]
+    now = {"t": 0.0}
+    f = ModelFlow("m", Room(8), FlowSettings(sparse_burst=0.5), clock=lambda: now["t"])
+    lines = [Ticket(C, BATCH_CLASS, 10) for _ in range(8)]
     tasks = [asyncio.create_task(f.enter(t)) for t in lines]
     await settle()
-    assert [t.state for t in lines] == ["running"] * 3 + ["waiting"]  # one place of four kept free
+    assert [t.state for t in lines] == ["running"] * 7 + ["waiting"]  # one place of eight kept free
     interactive = Ticket(A, FlowClass(), 10)
     await f.enter(interactive)  # into the free place, at once
-    assert interactive.state == "running" and f.in_flight == 4
+    assert interactive.state == "running" and f.in_flight == 8
     queued = Ticket(B, FlowClass(priority=0), 10)  # the lowest SLO band still goes before a batch line
     q = asyncio.create_task(f.enter(queued))
     await settle()
     f.leave(lines[0], 1)
     await settle()
-    assert queued.state == "running" and lines[3].state == "waiting"
-    f.leave(interactive, 1)
+    assert queued.state == "running" and lines[7].state == "waiting"
+    for t in lines[1:6]:  # lines end; beside interactive traffic a line goes only while fewer than 2 of 8 run
+        f.leave(t, 1)
     await settle()
-    assert lines[3].state == "waiting"  # 3 of 4 in flight: the batch's part is full, the burst is not for it
+    assert f.in_flight == 3 and lines[7].state == "waiting"  # nor on the burst
+    f.leave(interactive, 1)
     f.leave(queued, 1)
     await settle()
-    assert lines[3].state == "running"
+    assert lines[7].state == "running" and f.in_flight == 2
+    now["t"] += 6.0  # no interactive request for longer than recent_s: the batch may hold 7 again
+    more = [Ticket(C, BATCH_CLASS, 10) for _ in range(8)]
+    tasks += [asyncio.create_task(f.enter(t)) for t in more]
+    await settle()
+    assert f.in_flight == 7
+    for t in [lines[6], lines[7], *more]:
+        if t.state == "running":
+            f.leave(t, 1)
     await asyncio.gather(*tasks, q)
