@@ -459,12 +459,17 @@ def renew(db: Database, held: list[tuple[str, int, int]], *, lease_s: float) -> 
     return n
 
 
-def finish(db: Database, line: Claimed, *, ok: bool, response: dict[str, Any]) -> bool:
+def finish(db: Database, line: Claimed, *, ok: bool, response: dict[str, Any],
+           usage: dict[str, Any] | None = None) -> bool:
     """The line's answer (``response``: OpenAI's ``{"status_code", "request_id", "body"}``, the body as an
-    ``orjson.Fragment`` of the answer's bytes or as a value), if this attempt still holds it."""
+    ``orjson.Fragment`` of the answer's bytes or as a value), if this attempt still holds it, and its usage
+    row (a ``usage_records`` row, unique by the line's request id) in the same transaction: a line whose
+    result is kept is metered, once, whatever happens to the process that ran it next."""
     with db.system() as uow:
         kept = uow.batches.finish_line(line.batch_id, line.line, line.attempt, state="done" if ok else "failed",
                                        response=orjson.dumps(response), error=None, now=dt.datetime.now(dt.UTC))
+        if kept and usage is not None:
+            uow.usage.insert_many([usage])
         uow.commit()
     return kept
 

@@ -172,13 +172,17 @@ class BatchRunner:
 
     async def _run(self, line: use.Claimed) -> None:
         rid = f"req-{line.request_id.hex}"
+        usage: dict[str, Any] | None = None
         try:
             if line.attempt > self.settings.max_attempts + TAKEOVERS:
                 # taken over again and again: whatever ends its runs (a crash, a result that cannot be kept)
                 # would end every later one too
                 raise errors.ServerError(f"The request could not be completed in {line.attempt - 1} attempts.")
-            body = await self._answer(line)
+            ref = BatchLineRef(line.batch_id, line.request_id)
+            body = await self._answer(line, ref)
             ok, response = True, {"status_code": 200, "request_id": rid, "body": orjson.Fragment(body)}
+            if ref.outcome is not None and ref.outcome.metered:
+                usage = ref.outcome.rows()[0]
         except asyncio.CancelledError:
             raise
         except errors.BatonError as exc:
@@ -193,19 +197,18 @@ class BatchRunner:
             log.exception("batch %s line %d failed", line.batch_id, line.line)
             ok, response = False, _server_error(rid)
         try:
-            kept = await asyncio.to_thread(use.finish, self.db, line, ok=ok, response=response)
+            kept = await asyncio.to_thread(use.finish, self.db, line, ok=ok, response=response, usage=usage)
         except errors.ClientError:  # Postgres refused the result itself: the line fails, it is not run again
             log.exception("batch %s line %d: its result could not be kept", line.batch_id, line.line)
             kept = await asyncio.to_thread(use.finish, self.db, line, ok=False, response=_server_error(rid))
         if kept:
             self.lines_run += 1
 
-    async def _answer(self, line: use.Claimed) -> bytes:
+    async def _answer(self, line: use.Claimed, ref: BatchLineRef) -> bytes:
         principal = await self._principal(line.api_key_id)
         if principal is None:
             raise errors.AuthenticationError("The API key that created this batch no longer exists.")
         principal.check(time.time())
-        ref = BatchLineRef(line.batch_id, line.request_id)
         body = orjson.loads(line.body)
         if line.endpoint == "responses":
             try:

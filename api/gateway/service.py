@@ -126,13 +126,16 @@ class Call:
     stream: bool
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class BatchLineRef:
     """A request that is a line of a batch (``baton.control.batches``): it runs in the batch band, under
-    the line's own request id (a line run twice is metered once), and its usage names the batch."""
+    the line's own request id (a line run twice is metered once), and its usage names the batch. The
+    gateway leaves the request's ``outcome`` here: the batch runner writes its usage row with the line's
+    result, in one transaction (a gateway killed before its meter flushed would lose it otherwise)."""
 
     batch_id: str
     request_id: uuid.UUID
+    outcome: Outcome | None = None
 
 
 @dataclass(slots=True)
@@ -395,7 +398,7 @@ class Gateway:
         headers = {"x-request-id": f"req-{request_id.hex}", **admitted.headers}
         cls, alone = principal.flow_class(call.grant.name), True
         if line is not None:
-            cls, outcome.batch_id = BATCH_CLASS, line.batch_id
+            cls, outcome.batch_id, line.outcome = BATCH_CLASS, line.batch_id, outcome
             if span is not None:
                 span.set_attribute(t.ATTR_BATCH, line.batch_id)
         if self.flow is not None:

@@ -182,8 +182,17 @@ def test_a_line_taken_over_after_its_lease_is_written_once(db: Database, make_te
     time.sleep(0.3)  # the first holder "died": its lease runs out
     second = use.claim(db, models=[model], limit=5, lease_s=60)
     assert [(c.line, c.attempt) for c in second] == [(1, 2)]
-    assert use.finish(db, second[0], ok=True, response={"status_code": 200, "body": {"n": 2}})
-    assert not use.finish(db, first[0], ok=True, response={"status_code": 200, "body": {"n": 1}})  # fenced off
+    def usage(c: use.Claimed, tokens: int) -> dict[str, Any]:
+        return {"request_id": c.request_id, "tenant_id": key.tenant_id, "api_key_id": None, "model": model,
+                "prompt_tokens": tokens, "completion_tokens": 1, "cached_tokens": 0, "batch_id": batch_id}
+
+    # the result and its usage row in one transaction: the holder's both, the fenced-off attempt's neither
+    assert use.finish(db, second[0], ok=True, response={"status_code": 200, "body": {"n": 2}},
+                      usage=usage(second[0], 2))
+    assert not use.finish(db, first[0], ok=True, response={"status_code": 200, "body": {"n": 1}},
+                          usage=usage(first[0], 1))
+    assert [(r.request_id, r.prompt_tokens, r.batch_id) for r in usage_rows(db, key.tenant_id)] == [
+        (first[0].request_id, 2, batch_id)]
     assert not use.renew(db, [first[0].held], lease_s=60)
     held = [(batch_id, 2, 1)]
     assert use.renew(db, held, lease_s=60) == 1
