@@ -474,6 +474,30 @@ def finish(db: Database, line: Claimed, *, ok: bool, response: dict[str, Any],
     return kept
 
 
+@dataclass(frozen=True, slots=True)
+class Result:
+    """One line's answer for :func:`finish_many` (see :func:`finish`)."""
+
+    line: Claimed
+    ok: bool
+    response: dict[str, Any]
+    usage: dict[str, Any] | None = None
+
+
+def finish_many(db: Database, results: list[Result]) -> list[bool]:
+    """:func:`finish` of many lines in one transaction (two statements: the results, then the usage rows of
+    the kept ones): a runner's results written as they come in, a group at a time. Whether each was kept."""
+    with db.system() as uow:
+        kept = uow.batches.finish_lines([(r.line.batch_id, r.line.line, r.line.attempt, "done" if r.ok else "failed",
+                                          orjson.dumps(r.response)) for r in results], now=dt.datetime.now(dt.UTC))
+        held = [(r.line.batch_id, r.line.line) in kept for r in results]
+        usage = [r.usage for r, k in zip(results, held, strict=True) if k and r.usage is not None]
+        if usage:
+            uow.usage.insert_many(usage)
+        uow.commit()
+    return held
+
+
 def put_back(db: Database, line: Claimed, *, after_s: float) -> bool:
     with db.system() as uow:
         kept = uow.batches.put_back(line.batch_id, line.line, line.attempt,

@@ -82,16 +82,22 @@ class BatchRunner:
         self._wake = asyncio.Event()
         self._renewed = 0.0
         self._idle = False  # no batch running anywhere: look less often
+        # results waiting to be written, a group per transaction (:meth:`_writer`)
+        self._results: list[tuple[use.Result, asyncio.Future[bool]]] = []
+        self._results_ready = asyncio.Event()
+        self._writer_task: asyncio.Task[None] | None = None
         self.lines_run = 0  # results written by this process (tests, metrics)
 
     async def start(self) -> None:
         self._task = asyncio.create_task(self._loop(), name="batch-runner")
+        self._writer_task = asyncio.create_task(self._writer(), name="batch-results")
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+        for task in (self._task, self._writer_task):
+            if task is not None:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
         held = list(self._inflight)
         for task in self._inflight.values():
             task.cancel()
@@ -197,12 +203,48 @@ class BatchRunner:
             log.exception("batch %s line %d failed", line.batch_id, line.line)
             ok, response = False, _server_error(rid)
         try:
-            kept = await asyncio.to_thread(use.finish, self.db, line, ok=ok, response=response, usage=usage)
+            kept = await self._write(use.Result(line, ok, response, usage))
         except errors.ClientError:  # Postgres refused the result itself: the line fails, it is not run again
             log.exception("batch %s line %d: its result could not be kept", line.batch_id, line.line)
             kept = await asyncio.to_thread(use.finish, self.db, line, ok=False, response=_server_error(rid))
         if kept:
             self.lines_run += 1
+
+    async def _write(self, result: use.Result) -> bool:
+        """Queues a line's result for the writer; whether it was kept (this attempt still held the line)."""
+        fut: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
+        self._results.append((result, fut))
+        self._results_ready.set()
+        return await fut
+
+    async def _writer(self) -> None:
+        """Writes the results that came in since its last write, in one transaction (with many lines ending
+        each second, one transaction a line kept the lines waiting on Postgres instead of the engines). A
+        group that fails is written a line at a time, so that one bad result fails only its own line."""
+        while True:
+            await self._results_ready.wait()
+            self._results_ready.clear()
+            group, self._results = self._results, []
+            if not group:
+                continue
+            try:
+                kept = await asyncio.to_thread(use.finish_many, self.db, [r for r, _ in group])
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                for result, fut in group:
+                    try:
+                        one = await asyncio.to_thread(use.finish_many, self.db, [result])
+                    except Exception as exc:
+                        if not fut.done():
+                            fut.set_exception(exc)
+                    else:
+                        if not fut.done():
+                            fut.set_result(one[0])
+                continue
+            for (_, fut), k in zip(group, kept, strict=True):
+                if not fut.done():
+                    fut.set_result(k)
 
     async def _answer(self, line: use.Claimed, ref: BatchLineRef) -> bytes:
         principal = await self._principal(line.api_key_id)

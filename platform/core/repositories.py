@@ -1168,6 +1168,25 @@ class BatchRepository(Repository[m.Batch]):
                 .values(state=state, response=response, error=error, finished_at=now, lease_until=None))
         return bool(getattr(res, "rowcount", 0))
 
+    def finish_lines(self, rows: Sequence[tuple[str, int, int, str, bytes]], *,
+                     now: dt.datetime) -> set[tuple[str, int]]:
+        """:meth:`finish_line` of many lines in one statement (``(batch_id, line, attempt, state, response)``
+        each); returns the ``(batch_id, line)`` of those whose attempt still held them."""
+        if not rows:
+            return set()
+        sql = text("""
+            UPDATE batch_lines l
+               SET state = r.state, response = r.response, error = NULL, finished_at = :now, lease_until = NULL
+              FROM unnest(CAST(:ids AS text[]), CAST(:lines AS int[]), CAST(:attempts AS int[]),
+                          CAST(:states AS text[]), CAST(:responses AS bytea[])) AS r(b, n, a, state, response)
+             WHERE l.batch_id = r.b AND l.line = r.n AND l.attempt = r.a AND l.state = 'running'
+         RETURNING l.batch_id, l.line""")
+        with translated():
+            out = self.session.execute(sql, {"now": now, "ids": [r[0] for r in rows], "lines": [r[1] for r in rows],
+                                             "attempts": [r[2] for r in rows], "states": [r[3] for r in rows],
+                                             "responses": [r[4] for r in rows]})
+            return {(str(b), int(n)) for b, n in out}
+
     def put_back(self, batch_id: str, line: int, attempt: int, *, not_before: dt.datetime) -> bool:
         """A line that could not run now (limits, a busy or absent pool) waits until ``not_before``."""
         bl = m.BatchLine
