@@ -10,8 +10,9 @@ fairness``: TTFT = sending to the first chunk with content text). Phases, in ord
   then the batch is waited for (``completed``, its output's ``custom_id``s equal to the input's);
 - ``saturation``: tenant S keeps ``saturation_concurrency`` requests shaped like the batch's lines in flight
   for ``saturation_s`` (what the pool serves: completed requests per second);
-- ``batch_alone``: a batch of ``alone_lines`` lines with nothing else running: lines per second from its
-  creation to its end, as the client polled it;
+- ``batch_alone``: a batch of ``alone_lines`` lines with nothing else running (6 s after the last interactive
+  request, past the 5 s in which the gateway counts it as recent): lines per second from its creation to
+  its end, as the client polled it;
 - ``kill`` (with ``kills``): a second gateway process (``baton gateway run --port ...``, the stack's env) runs
   lines beside the first; a batch of ``kill_lines`` lines is created and the second gateway is SIGKILLed
   ``kills`` times (restarted after each): its lines' leases run out and the first gateway takes them over.
@@ -58,6 +59,8 @@ from baton.bench.fairness import (
 from baton.bench.fairness import Outcome as StreamOutcome
 
 TARGET_TTFT_P99_RATIO = 1.10
+#: Longer than the flow control's ``recent_s`` (5 s): after it, no interactive request counts as recent.
+BATCH_QUIET_S = 6.0
 TARGET_SLACK_USE = 0.8
 NAME_PREFIX = "bench-batch"
 PHASES = ("alone", "beside", "saturation", "batch_alone", "kill")
@@ -71,7 +74,7 @@ class BatchBenchConfig:
     model: str = "tiny-llama"
     phases: tuple[str, ...] = PHASES
     lines: int = 1000
-    alone_lines: int = 300
+    alone_lines: int = 1000
     kill_lines: int = 1000
     line_words: int = 20
     line_max_tokens: int = 32
@@ -311,6 +314,9 @@ async def run_async(cfg: BatchBenchConfig, *, log: Callable[[str], None] = print
             out["saturation"] = sat
             log(f"saturation: {sat['requests_per_s']:.2f} requests/s")
         if "batch_alone" in cfg.phases:
+            # the gateway holds lines to a quarter of the limit for 5 s after an interactive request: wait that
+            # out, or the phase measures the saturation load's tail
+            await asyncio.sleep(BATCH_QUIET_S)
             content, ids = line_file(cfg, cfg.alone_lines, f"alone-{run_id}")
             batch = await start_batch(http, made.secrets["t"], content)
             ended = await wait_batch(http, made.secrets["t"], batch, cfg.batch_timeout_s,

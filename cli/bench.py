@@ -801,7 +801,7 @@ def batch(  # noqa: PLR0917 - typer options
     = None,
     lines: Annotated[int, typer.Option("--lines", min=1, help="Lines of the batch beside the interactive load.")]
     = 1000,
-    alone_lines: Annotated[int, typer.Option("--alone-lines", min=1, help="Lines of the batch run alone.")] = 300,
+    alone_lines: Annotated[int, typer.Option("--alone-lines", min=1, help="Lines of the batch run alone.")] = 1000,
     kill_lines: Annotated[int, typer.Option("--kill-lines", min=1, help="Lines of the kill phase's batch.")] = 1000,
     window_s: Annotated[float, typer.Option("--window", min=1, help="Seconds of the interactive load, alone and "
                                             "beside the batch.")] = 60.0,
