@@ -2,12 +2,14 @@
 
 Why in the gateway, not in a Celery task: the room a batch may use is known only where interactive
 requests queue, in the gateway's flow control; a line run here waits in its model's queue in the batch
-band (below every SLO band, never on the sparse burst, with a quarter of the limit kept free) and passes
-the same checks, rate limits, recovery, metering and tracing as a client's request, with nothing between.
+band (below every SLO band, never on the sparse burst, and upstream only while the model runs fewer than
+:func:`~baton.api.gateway.flow.batch_limit` requests: all but one place, a quarter beside interactive
+traffic) and passes the same checks, rate limits, recovery, metering and tracing as a client's request,
+with nothing between.
 The worker (Celery) ends batches that no gateway is left to end and deletes expired files.
 
 Per tick: renew the leases of the lines held, end the batches that are done, and claim lines of models
-whose queue here has no interactive request waiting, up to ``concurrency`` in flight. A line refused for
+whose queue here has no interactive request waiting, up to ``concurrency`` claimed at once. A line refused for
 a passing reason (a rate limit, the queue, a pool not serving) goes back with a wait and is tried again,
 ``max_attempts`` times in all; any other answer is its result. A gateway that dies leaves its lines'
 leases to run out; another claims them (``attempt`` fences the late writer off).
