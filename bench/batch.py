@@ -186,7 +186,8 @@ class SecondGateway:
 
     def __init__(self, cfg: BatchBenchConfig) -> None:
         self.port = cfg.second_port
-        self.env = {**os.environ, **env_file_values(Path(cfg.env_file))}
+        # the stack's settings file, found by the gateway itself (as every `baton` command finds it)
+        self.env = {**os.environ, "BATON_STATE_DIR": str(Path(cfg.env_file).resolve().parent)}
         self.proc: subprocess.Popen[bytes] | None = None
 
     def _spawn(self) -> subprocess.Popen[bytes]:
@@ -222,17 +223,6 @@ class SecondGateway:
                 self.proc.wait(timeout=30)
             except subprocess.TimeoutExpired:
                 self.kill()
-
-
-def env_file_values(path: Path) -> dict[str, str]:
-    if not path.exists():
-        return {}
-    out = {}
-    for line in path.read_text().splitlines():
-        if "=" in line and not line.lstrip().startswith("#"):
-            k, _, v = line.partition("=")
-            out[k.strip().removeprefix("export ")] = v.strip().strip("'\"")
-    return out
 
 
 def _attempts(db_url: str, batch_id: str) -> dict[str, int] | None:

@@ -826,9 +826,9 @@ def batch(  # noqa: PLR0917 - typer options
     import httpx
 
     from baton.bench import report
-    from baton.bench.batch import PHASES, BatchBenchConfig, env_file_values
+    from baton.bench.batch import PHASES, BatchBenchConfig
     from baton.bench.batch import run as run_batch
-    from baton.bench.fairness import AdminError
+    from baton.bench.fairness import AdminError, admin_token_from_env_file
     from baton.core.settings import Settings
 
     phases = tuple(phase or PHASES)
@@ -836,8 +836,7 @@ def batch(  # noqa: PLR0917 - typer options
     if unknown:
         raise typer.BadParameter(f"unknown phase(s) {unknown}; choose from {list(PHASES)}", param_hint="--phase")
     env_path = env_file or Path(os.environ.get("BATON_STATE_DIR", "var")) / "baton.env"
-    env = env_file_values(env_path)
-    token = admin_token or env.get("BATON_SECURITY__ADMIN_TOKEN")
+    token = admin_token or admin_token_from_env_file(env_path)
     if not token:
         raise typer.Exit(_fail_bench(f"no admin token: give --admin-token, or run `scripts/up` (it writes "
                                      f"BATON_SECURITY__ADMIN_TOKEN to {env_path})"))
@@ -845,7 +844,7 @@ def batch(  # noqa: PLR0917 - typer options
                            alone_lines=alone_lines, kill_lines=kill_lines, window_s=window_s, interval_s=interval_s,
                            saturation_concurrency=saturation_concurrency, saturation_s=saturation_s, kills=kills,
                            second_port=second_port, env_file=str(env_path),
-                           db_url=env.get("BATON_DB__URL") or Settings().db.url)
+                           db_url=Settings(_env_file=env_path if env_path.is_file() else None).db.url)
     try:
         with _progress() as factory:
             result = run_batch(cfg, log=typer.echo, progress=factory)

@@ -113,25 +113,43 @@ def _problems(problems: list[str]) -> str:
     return "The batch file is not valid: " + "; ".join(problems[:MAX_LISTED_ERRORS]) + more + "."
 
 
+#: The longest line a batch file may hold: a request body larger than the gateway accepts (4 MiB by default)
+#: could not run anyway, and a line is held whole in memory while it is read.
+MAX_LINE_BYTES = 16 * 2**20
+
+
 class JsonLines:
     """Splits a stream of bytes into JSON-object lines across chunk borders (blank lines skipped); notes
-    each line that is not a JSON object (by its 1-based number)."""
+    each line that is not a JSON object (by its 1-based number). A line longer than ``max_line`` is noted
+    and skipped as it arrives, never gathered: a file of one 200 MiB line would otherwise be copied whole at
+    every chunk."""
 
-    def __init__(self) -> None:
+    def __init__(self, max_line: int = MAX_LINE_BYTES) -> None:
+        self.max_line = max_line
         self.rest = b""
+        self.skipping = False  # inside a line too long to keep
         self.number = 0  # lines seen, blank ones included
         self.count = 0  # requests (non-blank lines)
         self.problems: list[str] = []
 
     def feed(self, chunk: bytes) -> Iterator[tuple[int, dict[str, Any]]]:
-        data = self.rest + chunk
-        *whole, self.rest = data.split(b"\n")
+        if self.skipping:
+            cut = chunk.find(b"\n")
+            if cut < 0:
+                return
+            self.skipping, chunk = False, chunk[cut + 1:]
+        *whole, self.rest = (self.rest + chunk).split(b"\n")
         for raw in whole:
             yield from self._one(raw)
+        if len(self.rest) > self.max_line:
+            self.number += 1
+            self.count += 1
+            self.problems.append(f"line {self.number} is longer than {self.max_line / 2**20:g} MiB")
+            self.rest, self.skipping = b"", True
 
     def end(self) -> Iterator[tuple[int, dict[str, Any]]]:
         rest, self.rest = self.rest, b""
-        if rest.strip():
+        if rest.strip() and not self.skipping:
             yield from self._one(rest)
 
     def _one(self, raw: bytes) -> Iterator[tuple[int, dict[str, Any]]]:

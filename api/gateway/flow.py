@@ -120,8 +120,7 @@ def batch_limit(limit: int, *, interactive: bool) -> int:
     the model, of a learned ``limit``. With no interactive request on the model lately, all but one slot
     (which an arrival then finds free); with interactive traffic, a quarter of it (at least one): every line
     running shares the engines' steps with an interactive request's prefill, and on a small host each one
-    costs it TTFT (``baton bench batch``: lines up to three quarters of the limit made the interactive TTFT
-    p99 3.6x its figure alone)."""
+    costs it TTFT (``baton bench batch`` measures the interactive TTFT beside a batch against alone)."""
     if interactive:
         return max(limit // 4, 1)
     return max(limit - 1, 1)
@@ -312,13 +311,13 @@ class ModelFlow:
     async def enter(self, ticket: Ticket) -> None:
         """Returns once the request may go upstream; raises :class:`FlowRejected` (429) or
         :class:`FlowUnavailable` (503). A cancelled wait (the client left) gives its place back."""
-        self._seen[ticket.tenant] = self.clock()
+        self._seen[ticket.tenant] = now = self.clock()
         self._band_of[ticket.tenant] = ticket.cls.priority
         ticket.new_flow = ticket.tenant not in self._running and not any(
             ticket.tenant in b.queues for b in self._bands.values())
         limit = self.limit_now(ticket.cls.priority, arriving=ticket)
         if ticket.cls.priority > BATCH_BAND:
-            self._interactive_at = self.clock()
+            self._interactive_at = now
         elif limit is not None:
             limit = self._batch_limit(limit)
         if limit is None or (self.waiting == 0 and self.in_flight < limit and not self._held(ticket.cls.priority)):
