@@ -20,6 +20,13 @@ Loaded by vLLM through `kv_transfer_config` (`kv_connector: BatonLMCacheConnecto
    ``baton_kv_integrity_failures_total{tier, tenant_tag, reason}``. The scheduler half corrects the
    request's prefill statistics when loaded blocks fail, so ``prompt_tokens_by_source`` counts the
    recomputed tokens as ``local_compute``, not as ``external_kv_transfer``.
+4. P/D: on the decode side NIXL supplies the prompt's KV (the connector listed first in the
+   ``MultiConnector`` wins a request it can load), and the prefill side stored it in the tiers already.
+   vLLM's ``MultiConnector`` still asks every connector for its hits, so LMCache's lookup (a round trip
+   to its lookup server and the tiers, Redis included) sat on the way to each P/D request's first token,
+   for KV that NIXL loads anyway. A request whose KV a peer hands over
+   (``do_remote_prefill``) is not looked up and is marked ``lmcache.skip_save``: LMCache, which then has
+   no record of what the tiers hold, does not store the prompt a second time.
 """
 
 from __future__ import annotations
@@ -41,6 +48,8 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 TENANT_TAG_KEY = "lmcache.tag.tenant"
+#: LMCache's request config that keeps a request's KV out of the tiers.
+SKIP_STORE_KEY = "lmcache.skip_save"
 
 
 def tenant_tag(cache_salt: str) -> str:
@@ -59,6 +68,25 @@ def apply_tenant_tag(sampling_params: Any, cache_salt: str | None) -> None:
     if not isinstance(params, dict):
         params = extra["kv_transfer_params"] = {}
     params[TENANT_TAG_KEY] = tenant_tag(cache_salt)
+
+
+def kv_from_peer(request: Any) -> bool:
+    """Whether a P/D peer hands this request's prompt KV over (NIXL's ``do_remote_prefill``)."""
+    params = getattr(request, "kv_transfer_params", None)
+    return isinstance(params, dict) and bool(params.get("do_remote_prefill"))
+
+
+def skip_tier_store(sampling_params: Any) -> None:
+    """Tell LMCache not to store this request's KV (its ``lmcache.skip_save`` request config)."""
+    if sampling_params is None:
+        return
+    extra = sampling_params.extra_args
+    if extra is None:
+        extra = sampling_params.extra_args = {}
+    params = extra.get("kv_transfer_params")
+    if not isinstance(params, dict):
+        params = extra["kv_transfer_params"] = {}
+    params[SKIP_STORE_KEY] = True
 
 
 def register_cpu_lmcache_engine(vllm_config: VllmConfig) -> None:
@@ -136,6 +164,13 @@ class BatonLMCacheConnectorV1(LMCacheConnectorV1):
 
     def get_num_new_matched_tokens(self, request: Any, num_computed_tokens: int) -> Any:
         apply_tenant_tag(request.sampling_params, getattr(request, "cache_salt", None))
+        if kv_from_peer(request):
+            # P/D decode side: NIXL supplies this prompt's KV (the connector listed before this one wins
+            # the request), and the prefill side already stored it in the tiers. LMCache's lookup would
+            # only cost a round trip to the lookup server and the remote tier on the way to the first
+            # token; without it LMCache has no record of the prompt, so it is told not to store it again.
+            skip_tier_store(request.sampling_params)
+            return 0, False
         return super().get_num_new_matched_tokens(request, num_computed_tokens)
 
     def update_state_after_alloc(self, request: Any, blocks: Any, num_external_tokens: int) -> None:
