@@ -6,7 +6,11 @@ Arms, all on this machine's cores at once (idle when it is not their turn):
 - ``serve-agg``: a Ray Serve LLM aggregated app, through Serve's ingress (HAProxy);
 - ``serve-pd``: a Ray Serve LLM P/D app (Baton's decode server, NIXL), through Serve's ingress;
 - ``baton-agg`` / ``baton-pd``: the same two apps through Baton's gateway (keys, limits, metering,
-  tracing on).
+  tracing on);
+- ``serve-pd-tput`` / ``baton-pd-tput``: the P/D app again with Ray Serve's throughput-optimized preset
+  in its replicas (``RAY_SERVE_THROUGHPUT_OPTIMIZED=1``: user code on the replica's own event loop, the
+  handle's router on the caller's loop, gRPC between replicas, buffered access logs), the A/B of that
+  preset in the same run.
 
 The apps are built from :class:`~baton.dataplane.spec.DeploymentSpec` by Baton's own builders on a
 Ray head of the bench's own with Baton's cluster environment, so they are what ``baton up`` serves.
@@ -40,7 +44,9 @@ from baton.bench.procs import Proc, start_engine
 Log = Callable[[str], None]
 ProgressFactory = Callable[[str, int], Callable[[stats.RequestResult], None]]
 
-ARMS = ("engine", "serve-agg", "serve-pd", "baton-agg", "baton-pd")
+ARMS = ("engine", "serve-agg", "serve-pd", "baton-agg", "baton-pd", "serve-pd-tput", "baton-pd-tput")
+#: The Serve replicas' environment of the ``*-pd-tput`` arms' app.
+THROUGHPUT_PRESET_ENV = {"RAY_SERVE_THROUGHPUT_OPTIMIZED": "1"}
 HOPS = ("gateway", "to decode server", "decode server, before prefill", "remote prefill call",
         "decode server, prefill to decode", "KV transfer (NIXL)", "first decode step", "back to the client")
 #: The targets for this path (docs/architecture.md) (ms, ratios).
@@ -101,7 +107,20 @@ def _specs(cfg: PathConfig, model_dir: Path, otlp: str, facts_redis: str, nixl_b
     pd = DeploymentSpec(name="path-pd", route_prefix="/path-pd", mode="pd",
                         kv={"connector": "nixl", "nixl_port_base": nixl_base, "lmcache": tiers},
                         **{**common, "model": {**common["model"], "served_name": "tiny-pd"}})
-    return [agg, pd]
+    pd_tput = pd.model_copy(update={
+        "name": "path-pd-tput", "route_prefix": "/path-pd-tput", "env": dict(THROUGHPUT_PRESET_ENV),
+        "model": pd.model.model_copy(update={"served_name": "tiny-pd-tput"}),
+        "kv": pd.kv.model_copy(update={"nixl_port_base": nixl_base + 500})})
+    return [agg, pd, pd_tput]
+
+
+def app_of(arm: str) -> str:
+    """The app an arm calls: ``agg``, ``pd`` or ``pd-tput`` (``engine`` for the bare engine)."""
+    return arm.split("-", 1)[1] if "-" in arm else arm
+
+
+def is_pd(arm: str) -> bool:
+    return app_of(arm).startswith("pd")
 
 
 def engine_profile_env() -> dict[str, str]:
@@ -128,9 +147,9 @@ def path_stack(cfg: PathConfig, settings: Any, db: Any, otlp: str, *, log: Log) 
         log("starting a Ray head and deploying the aggregated and the P/D app")
         head = start_head(logs)
         es.callback(head.stop)
-        wanted = {"agg": any(a.endswith("-agg") for a in cfg.arms), "pd": any(a.endswith("-pd") for a in cfg.arms)}
+        wanted = {app_of(a) for a in cfg.arms}
         specs = [s for s in _specs(cfg, model_dir, otlp, settings.redis.url, 24000 + (head.serve_port % 40) * 100)
-                 if wanted[s.name.removeprefix("path-")]]
+                 if s.name.removeprefix("path-") in wanted]
         urls = deploy(head, specs) if specs else {}
         engine.wait_http(engine_url.removesuffix("/v1") + "/health", timeout_s=300)
         models = {f"tiny-{name.removeprefix('path-')}": url for name, url in urls.items()}
@@ -348,7 +367,7 @@ def _result(cfg: PathConfig, runs: dict[int, dict[str, list[Sent]]], durations: 
         for arm, sent in arms.items():
             summary = _summary(sent, durations[conc][arm])
             entry: dict[str, Any] = {"summary": summary}
-            if arm.endswith("-pd"):
+            if is_pd(arm):
                 traced = rec.by_trace({s.trace_id for s in sent if s.result.success})
                 rows = [a for s in sent if s.result.success
                         for a in [attribute(traced.get(s.trace_id, []), s.sent_ns, s.result.ttft)] if a]
@@ -415,7 +434,7 @@ def plot(path: Path, result: dict[str, Any]) -> Path:
     ax1.set_title("TTFT p50 by arm")
     ax1.legend()
     c1 = result["concurrency"].get(concs[0], {}) if concs else {}
-    pd_arms = [a for a in arms if a.endswith("-pd") and c1.get(a, {}).get("hops_ms_median")]
+    pd_arms = [a for a in arms if is_pd(a) and c1.get(a, {}).get("hops_ms_median")]
     bottoms = [0.0] * len(pd_arms)
     cmap = plt.get_cmap("tab10")
     for k, hop in enumerate(HOPS):
