@@ -7,10 +7,10 @@ Arms, all on this machine's cores at once (idle when it is not their turn):
 - ``serve-pd``: a Ray Serve LLM P/D app (Baton's decode server, NIXL), through Serve's ingress;
 - ``baton-agg`` / ``baton-pd``: the same two apps through Baton's gateway (keys, limits, metering,
   tracing on);
-- ``serve-pd-tput`` / ``baton-pd-tput``: the P/D app again with Ray Serve's throughput-optimized preset
-  in its replicas (``RAY_SERVE_THROUGHPUT_OPTIMIZED=1``: user code on the replica's own event loop, the
-  handle's router on the caller's loop, gRPC between replicas, buffered access logs), the A/B of that
-  preset in the same run.
+- ``serve-pd-ray`` / ``baton-pd-ray``: the P/D app again with Ray Serve's default replica settings
+  instead of the throughput-optimized preset Baton renders (``RAY_SERVE_THROUGHPUT_OPTIMIZED=0``: user
+  code on a thread of its own, the handle's router on a loop of its own, Ray actor calls between
+  replicas), what the preset buys measured in the same run.
 
 The apps are built from :class:`~baton.dataplane.spec.DeploymentSpec` by Baton's own builders on a
 Ray head of the bench's own with Baton's cluster environment, so they are what ``baton up`` serves.
@@ -44,9 +44,9 @@ from baton.bench.procs import Proc, start_engine
 Log = Callable[[str], None]
 ProgressFactory = Callable[[str, int], Callable[[stats.RequestResult], None]]
 
-ARMS = ("engine", "serve-agg", "serve-pd", "baton-agg", "baton-pd", "serve-pd-tput", "baton-pd-tput")
-#: The Serve replicas' environment of the ``*-pd-tput`` arms' app.
-THROUGHPUT_PRESET_ENV = {"RAY_SERVE_THROUGHPUT_OPTIMIZED": "1"}
+ARMS = ("engine", "serve-agg", "serve-pd", "baton-agg", "baton-pd", "serve-pd-ray", "baton-pd-ray")
+#: The Serve replicas' environment of the ``*-pd-ray`` arms' app: Ray Serve's defaults.
+SERVE_DEFAULTS_ENV = {"RAY_SERVE_THROUGHPUT_OPTIMIZED": "0"}
 HOPS = ("gateway", "to decode server", "decode server, before prefill", "remote prefill call",
         "decode server, prefill to decode", "KV transfer (NIXL)", "first decode step", "back to the client")
 #: The targets for this path (docs/architecture.md) (ms, ratios).
@@ -107,15 +107,15 @@ def _specs(cfg: PathConfig, model_dir: Path, otlp: str, facts_redis: str, nixl_b
     pd = DeploymentSpec(name="path-pd", route_prefix="/path-pd", mode="pd",
                         kv={"connector": "nixl", "nixl_port_base": nixl_base, "lmcache": tiers},
                         **{**common, "model": {**common["model"], "served_name": "tiny-pd"}})
-    pd_tput = pd.model_copy(update={
-        "name": "path-pd-tput", "route_prefix": "/path-pd-tput", "env": dict(THROUGHPUT_PRESET_ENV),
-        "model": pd.model.model_copy(update={"served_name": "tiny-pd-tput"}),
+    pd_ray = pd.model_copy(update={
+        "name": "path-pd-ray", "route_prefix": "/path-pd-ray", "env": dict(SERVE_DEFAULTS_ENV),
+        "model": pd.model.model_copy(update={"served_name": "tiny-pd-ray"}),
         "kv": pd.kv.model_copy(update={"nixl_port_base": nixl_base + 500})})
-    return [agg, pd, pd_tput]
+    return [agg, pd, pd_ray]
 
 
 def app_of(arm: str) -> str:
-    """The app an arm calls: ``agg``, ``pd`` or ``pd-tput`` (``engine`` for the bare engine)."""
+    """The app an arm calls: ``agg``, ``pd`` or ``pd-ray`` (``engine`` for the bare engine)."""
     return arm.split("-", 1)[1] if "-" in arm else arm
 
 

@@ -479,7 +479,7 @@ def path(  # noqa: PLR0917 - typer options
     saturation_prompts: Annotated[int, typer.Option("--saturation-prompts")] = 64,
     saturation_concurrency: Annotated[int, typer.Option("--saturation-concurrency")] = 16,
     arm: Annotated[list[str] | None, typer.Option("--arm", help="engine, serve-agg, serve-pd, baton-agg, baton-pd, "
-                                                  "serve-pd-tput, baton-pd-tput (repeat; default all).")] = None,
+                                                  "serve-pd-ray, baton-pd-ray (repeat; default all).")] = None,
     seed: Annotated[int, typer.Option("--seed")] = 0,
     pd_tiers: Annotated[bool, typer.Option("--pd-tiers/--no-pd-tiers",
                                            help="LMCache tiers (CPU, Redis) on the P/D app, as baton up.")] = True,

@@ -30,6 +30,13 @@ CPU_NIXL_PROGRESS_WAKEUP_MS = 10.0
 # ... and the pause before an engine step with nothing to compute while KV is held or awaited.
 CPU_NIXL_IDLE_STEP_PAUSE_MS = 1.0
 
+#: Every engine replica runs Ray Serve's throughput-optimized preset: its request handling and Baton's code on
+#: the replica's own event loop instead of a thread of their own, the handle's router on the caller's loop,
+#: gRPC between replicas (the decode server's call to the prefill pool), buffered access logs. Measured
+#: against Serve's defaults in one run by ``baton bench path`` (its ``*-pd-ray`` arms; docs/benchmarks.md).
+#: A spec's ``env`` can turn it off (``RAY_SERVE_THROUGHPUT_OPTIMIZED: "0"``).
+SERVE_PRESET_ENV: dict[str, str] = {"RAY_SERVE_THROUGHPUT_OPTIMIZED": "1"}
+
 # Ray Serve LLM's variable naming the vLLM engine class of a replica, and Baton's engine class.
 RAY_ENGINE_CLS_ENV = "RAYLLM_VLLM_ENGINE_CLS"
 ENGINE_CLS_PATH = "baton.dataplane.engine:BatonVLLMEngine"
@@ -170,6 +177,7 @@ def engine_env(spec: DeploymentSpec, role: Role | None = None) -> dict[str, str]
     """Environment variables of an engine replica under the spec's device profile (``role``: its pool, which
     its engine-load reports name); a spec's ``env`` overrides them."""
     env = dict(CPU_ENV if spec.device == "cpu" else GPU_ENV)
+    env.update(SERVE_PRESET_ENV)
     env[RAY_ENGINE_CLS_ENV] = ENGINE_CLS_PATH
     if spec.device == "cpu":
         gib = kv_cache_space_gib(spec)

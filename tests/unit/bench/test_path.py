@@ -59,18 +59,22 @@ def test_the_report_renders_every_arm_and_hop():
     assert "| bare engine: engine core | 3.00 |" in text
 
 
-def test_the_preset_arms_call_a_pd_app_of_their_own_with_serve_s_throughput_preset(tmp_path):
-    from baton.bench.path import THROUGHPUT_PRESET_ENV, PathConfig, _specs, app_of, is_pd
+def test_the_ray_arms_call_a_pd_app_of_their_own_with_serve_s_default_replica_settings(tmp_path):
+    from baton.bench.path import PathConfig, _specs, app_of, is_pd
+    from baton.dataplane.render import engine_env
 
-    assert [app_of(a) for a in ("engine", "serve-agg", "baton-pd", "serve-pd-tput")] == [
-        "engine", "agg", "pd", "pd-tput"]
-    assert [is_pd(a) for a in ("engine", "baton-agg", "serve-pd", "baton-pd-tput")] == [False, False, True, True]
+    assert [app_of(a) for a in ("engine", "serve-agg", "baton-pd", "serve-pd-ray")] == [
+        "engine", "agg", "pd", "pd-ray"]
+    assert [is_pd(a) for a in ("engine", "baton-agg", "serve-pd", "baton-pd-ray")] == [False, False, True, True]
 
-    _agg, pd, tput = _specs(PathConfig(), tmp_path, "http://127.0.0.1:4318", "redis://127.0.0.1:6379", 24000)
-    assert (pd.name, tput.name) == ("path-pd", "path-pd-tput")
-    assert tput.model.served_name == "tiny-pd-tput" and tput.route_prefix == "/path-pd-tput"
-    assert tput.env == THROUGHPUT_PRESET_ENV and pd.env == {}
+    _agg, pd, ray = _specs(PathConfig(), tmp_path, "http://127.0.0.1:4318", "redis://127.0.0.1:6379", 24000)
+    assert (pd.name, ray.name) == ("path-pd", "path-pd-ray")
+    assert ray.model.served_name == "tiny-pd-ray" and ray.route_prefix == "/path-pd-ray"
+    # Baton's app runs Serve's throughput-optimized preset in its replicas; the ray arms' app does not.
+    for role in ("prefill", "decode"):
+        assert engine_env(pd, role)["RAY_SERVE_THROUGHPUT_OPTIMIZED"] == "1"
+        assert engine_env(ray, role)["RAY_SERVE_THROUGHPUT_OPTIMIZED"] == "0"
     # Everything else is the P/D app's, on NIXL ports of its own.
-    assert tput.kv.nixl_port_base != pd.kv.nixl_port_base
-    assert tput.kv.model_dump(exclude={"nixl_port_base"}) == pd.kv.model_dump(exclude={"nixl_port_base"})
-    assert tput.engine == pd.engine and tput.mode == pd.mode == "pd"
+    assert ray.kv.nixl_port_base != pd.kv.nixl_port_base
+    assert ray.kv.model_dump(exclude={"nixl_port_base"}) == pd.kv.model_dump(exclude={"nixl_port_base"})
+    assert ray.engine == pd.engine and ray.mode == pd.mode == "pd"
