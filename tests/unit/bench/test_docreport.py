@@ -242,14 +242,17 @@ def test_pd_arms_by_rate_and_the_planners_prediction(tmp_path: Path) -> None:
 
 
 def test_path_from_the_committed_result_its_name_picks_the_renderer(tmp_path: Path) -> None:
-    assert "benchmark" not in _committed("bench-path.json")
     text = docreport.render_block("path", DOCS)
-    assert "| 1 | baton-pd | 80/0 | 63.65 | 115.99 | +50.53 | 3.53 | 16.34 | 1.73 |" in text
-    assert "| baton-pd | 1,177 | 0.51 |" in text and "| remote prefill call | 23.19 | 28.68 |" in text
-    assert "| **all processes** | 206.38 | 238.00 | 352.75 | 335.62 | 449.75 |" in text
-    assert "| `baton_pd_added_ttft_p50_ms` | 50.53 | 15 | **no** |" in text
-    assert "| `pd_saturation_vs_engine` | 0.51 | 0.5 | yes |" in text
+    assert "| 1 | baton-pd | 80/0 | 49.72 | 86.31 | +35.92 | 2.42 | 14.25 | 1.14 |" in text
+    assert "| baton-pd | 1,264 | 0.48 |" in text and "| remote prefill call | 17.68 | 21.59 | 26.28 | 23.27 |" in text
+    assert "| **all processes** | 219.25 | 245.75 | 274.12 | 274.25 | 339.50 | 392.00 | 369.50 |" in text
+    assert "| `baton_pd_added_ttft_p50_ms` | 35.92 | 15 | **no** |" in text
+    assert "| `pd_saturation_vs_engine` | 0.48 | 0.5 | **no** |" in text
     assert text.startswith(docreport.render("path", _committed("bench-path.json")))  # as `bench path --from-json`
+    # A result that does not name its benchmark is rendered by its file's name.
+    unnamed = {k: v for k, v in _committed("bench-path.json").items() if k != "benchmark"}
+    (tmp_path / "bench-path.json").write_text(json.dumps(unnamed))
+    assert docreport.render_block("path", tmp_path) == text
 
 
 def test_recovery_from_the_committed_result(tmp_path: Path) -> None:
