@@ -86,10 +86,16 @@ def _stream(ep: Any, prompt: list[int], max_tokens: int, **kw: Any) -> Any:
 
 
 def _steps(ep: Any, request_id: str | None) -> tuple[str | None, list[tuple[str, str]]]:
+    status, steps = _step_details(ep, request_id)
+    return status, [(step, outcome) for step, outcome, _ in steps]
+
+
+def _step_details(ep: Any, request_id: str | None) -> tuple[str | None, list[tuple[str, str, str]]]:
     from baton.bench.recovery import _record
 
     rec = _record(ep.db, request_id) or {}
-    return rec.get("status"), [(s.get("step"), s.get("outcome")) for s in rec.get("recovery_steps", [])]
+    return rec.get("status"), [(s.get("step"), s.get("outcome"), s.get("detail") or "")
+                               for s in rec.get("recovery_steps", [])]
 
 
 def _prompt(n: int, seed: int) -> list[int]:
@@ -145,11 +151,14 @@ def test_a_prefill_kill_during_a_long_prefill_is_prefilled_on_the_decode_side(st
     thread.join()
     assert killed["pids"]
     assert run.ttft_ms is not None and killed["at"] * 1000 < run.ttft_ms, "the kill came after the first token"
-    status, steps = _steps(stack, run.request_id)
+    status, details = _step_details(stack, run.request_id)
+    steps = [(step, outcome) for step, outcome, _ in details]
     print("prefill kill at", round(killed["at"] * 1000), "ms (an undisturbed TTFT", round(calibration.ttft_ms),
-          "ms); TTFT", round(run.ttft_ms), "ms;", steps)
+          "ms); TTFT", round(run.ttft_ms), "ms;", details)
     assert status == "completed" and run.finished and len(run.ids) == 32
     assert ("local_prefill", "recovered") in steps or ("prefill_retry", "recovered") in steps
+    # The ladder learned of the death from the pool (its live replicas), not by waiting out its timeout.
+    assert not [d for _, _, d in details if "did not answer within" in d], details
     reference = _stream(stack, prompt, 32)  # the same prompt, undisturbed
     assert run.ids == reference.ids
     _wait_replaced(f"{stack.app}.prefill", f"ServeReplica:{stack.app}.prefill:Prefill", victims)
