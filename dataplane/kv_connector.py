@@ -61,13 +61,19 @@ def apply_tenant_tag(sampling_params: Any, cache_salt: str | None) -> None:
     """Put the tenant tag into the request configs LMCache reads from `sampling_params`."""
     if sampling_params is None or not cache_salt:
         return
+    _request_configs(sampling_params)[TENANT_TAG_KEY] = tenant_tag(cache_salt)
+
+
+def _request_configs(sampling_params: Any) -> dict[str, Any]:
+    """The dict LMCache reads request configs from (``extra_args["kv_transfer_params"]``), made if missing;
+    NIXL's transfer params live in the same dict."""
     extra = sampling_params.extra_args
     if extra is None:
         extra = sampling_params.extra_args = {}
     params = extra.get("kv_transfer_params")
     if not isinstance(params, dict):
         params = extra["kv_transfer_params"] = {}
-    params[TENANT_TAG_KEY] = tenant_tag(cache_salt)
+    return params
 
 
 def kv_from_peer(request: Any) -> bool:
@@ -78,15 +84,8 @@ def kv_from_peer(request: Any) -> bool:
 
 def skip_tier_store(sampling_params: Any) -> None:
     """Tell LMCache not to store this request's KV (its ``lmcache.skip_save`` request config)."""
-    if sampling_params is None:
-        return
-    extra = sampling_params.extra_args
-    if extra is None:
-        extra = sampling_params.extra_args = {}
-    params = extra.get("kv_transfer_params")
-    if not isinstance(params, dict):
-        params = extra["kv_transfer_params"] = {}
-    params[SKIP_STORE_KEY] = True
+    if sampling_params is not None:
+        _request_configs(sampling_params)[SKIP_STORE_KEY] = True
 
 
 def register_cpu_lmcache_engine(vllm_config: VllmConfig) -> None:
