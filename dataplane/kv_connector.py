@@ -73,7 +73,8 @@ def _request_configs(sampling_params: Any) -> dict[str, Any]:
     params = extra.get("kv_transfer_params")
     if not isinstance(params, dict):
         params = extra["kv_transfer_params"] = {}
-    return params
+    configs: dict[str, Any] = params
+    return configs
 
 
 def kv_from_peer(request: Any) -> bool:
