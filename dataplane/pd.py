@@ -188,8 +188,10 @@ class BatonPDDecodeServer(PDDecodeServer):
         def local(method: str, req: Any, raw: Any) -> Any:
             return getattr(LLMServer, method)(self, req, raw)
 
-        async for chunk in orchestrate(self, request, raw_request_info, super()._pd_handle_request, local):
-            yield chunk
+        async with contextlib.aclosing(orchestrate(self, request, raw_request_info, super()._pd_handle_request,
+                                                   local)) as chunks:
+            async for chunk in chunks:
+                yield chunk
 
     async def chat(self, request: Any, raw_request_info: Any = None) -> AsyncGenerator[Any, None]:
         return self._traced(self._orchestrate(request, raw_request_info), raw_request_info)
@@ -202,29 +204,37 @@ class BatonPDDecodeServer(PDDecodeServer):
     async def _traced(self, gen: AsyncGenerator[Any, None], raw_request_info: Any) -> AsyncGenerator[Any, None]:
         """The request's data-plane spans around the orchestration; its handoff fact for the gateway.
 
-        Tracing never breaks serving: any failure in here costs only the spans."""
+        Tracing never breaks serving: any failure in here costs only the spans.
+
+        A client that goes away closes this generator (Serve throws ``CancelledError`` in at the ``yield``
+        when the replica runs Baton's code on its own loop); the orchestration under it, and the engine's
+        stream under that, are closed here and then, so the engine aborts the request at once. Left to
+        the garbage collector, an abandoned stream kept decoding to its ``max_tokens``: the exception
+        held below ties this frame into a reference cycle that only a full collection frees."""
         try:
             rt = dp_tracing.begin(raw_request_info, replica=self._baton_replica())
         except Exception:
             rt = None
-        if rt is None:
-            async for item in gen:
-                yield item
-            return
-        token = dp_tracing.current.set(rt)
-        error: BaseException | None = None
-        try:
-            async for item in gen:
-                if rt.decode is not None:
-                    self._baton_chunk(rt, item)
-                yield item
-        except BaseException as exc:
-            error = exc
-            raise
-        finally:
-            with contextlib.suppress(ValueError):  # finalised in another context
-                dp_tracing.current.reset(token)
-            self._baton_finish(rt, error)
+        async with contextlib.aclosing(gen):
+            if rt is None:
+                async for item in gen:
+                    yield item
+                return
+            token = dp_tracing.current.set(rt)
+            error: BaseException | None = None
+            try:
+                async for item in gen:
+                    if rt.decode is not None:
+                        self._baton_chunk(rt, item)
+                    yield item
+            except BaseException as exc:
+                error = exc
+                raise
+            finally:
+                with contextlib.suppress(ValueError):  # finalised in another context
+                    dp_tracing.current.reset(token)
+                self._baton_finish(rt, error)
+                error = None  # no cycle: the exception's traceback holds this frame
 
     def _baton_chunk(self, rt: dp_tracing.RequestTrace, item: Any) -> None:
         try:

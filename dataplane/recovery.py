@@ -180,8 +180,9 @@ async def orchestrate(server: Any, request: Any, raw_request_info: Any,
     backend = server._get_connector_backend()
     if (backend.requires_peer_binding or backend.concurrent_handoff or serve.get_multiplexed_model_id()
             or not isinstance(request, ChatCompletionRequest | CompletionRequest)):
-        async for chunk in fallback(request, raw_request_info):
-            yield chunk
+        async with contextlib.aclosing(fallback(request, raw_request_info)) as chunks:
+            async for chunk in chunks:
+                yield chunk
         return
     policy = policy or ReplicaEnv.from_environ().prefill
     method = "chat" if isinstance(request, ChatCompletionRequest) else "completions"
@@ -278,12 +279,13 @@ async def _ladder(server: Any, request: Any, raw_request_info: Any, *,
             t0 = time.perf_counter()
             local_gen = await local(method, decode_request, raw_request_info)
             waiting = True
-            async for out in local_gen:
-                if waiting:  # the decode engine pulled the KV and made its first token
-                    waiting = False
-                    ladder.phase(PHASE_KV_HANDOFF, t0, "failed" if _is_error(out) else "ok")
-                    ladder.post_phases()
-                yield out
+            async with contextlib.aclosing(local_gen):
+                async for out in local_gen:
+                    if waiting:  # the decode engine pulled the KV and made its first token
+                        waiting = False
+                        ladder.phase(PHASE_KV_HANDOFF, t0, "failed" if _is_error(out) else "ok")
+                        ladder.post_phases()
+                    yield out
         return
 
     if not policy.local_prefill:
@@ -292,23 +294,28 @@ async def _ladder(server: Any, request: Any, raw_request_info: Any, *,
         yield unavailable("No prefill replica answered. Retry shortly.")
         return
     t0 = time.perf_counter()
+    own_gen: AsyncGenerator[Any, None] | None = None
     try:
-        local_gen = await local(method, request, raw_request_info)
-        first = await local_gen.__anext__()
+        own_gen = await local(method, request, raw_request_info)
+        first = await own_gen.__anext__()
     except Exception as exc:
+        if own_gen is not None:
+            with contextlib.suppress(Exception):
+                await own_gen.aclose()
         ladder.phase(PHASE_LOCAL_PREFILL, t0, "failed", detail=f"local prefill failed: {type(exc).__name__}")
         ladder.add(STEP_LOCAL_PREFILL, t0, "failed", f"{why}; local prefill failed: {type(exc).__name__}")
         await ladder.record_steps()
         yield unavailable("No prefill replica answered. Retry shortly.")
         return
-    failed = _is_error(first)
-    ladder.phase(PHASE_LOCAL_PREFILL, t0, "failed" if failed else "ok", detail=f"after: {why}")
-    ladder.add(STEP_LOCAL_PREFILL, t0, "failed" if failed else "recovered", f"after: {why}")
-    await ladder.record_steps()
-    ladder.post_phases()
-    if failed:
-        yield unavailable("No prefill replica answered. Retry shortly.")
-        return
-    yield first
-    async for out in local_gen:
-        yield out
+    async with contextlib.aclosing(own_gen):
+        failed = _is_error(first)
+        ladder.phase(PHASE_LOCAL_PREFILL, t0, "failed" if failed else "ok", detail=f"after: {why}")
+        ladder.add(STEP_LOCAL_PREFILL, t0, "failed" if failed else "recovered", f"after: {why}")
+        await ladder.record_steps()
+        ladder.post_phases()
+        if failed:
+            yield unavailable("No prefill replica answered. Retry shortly.")
+            return
+        yield first
+        async for out in own_gen:
+            yield out

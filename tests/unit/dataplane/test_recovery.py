@@ -5,6 +5,8 @@ renderer sets for it. The Ray handle here is a fake with the calls the orchestra
 from __future__ import annotations
 
 import asyncio
+import gc
+from collections.abc import AsyncGenerator, Iterator
 from typing import Any
 
 import pytest
@@ -14,7 +16,7 @@ pytest.importorskip("ray")
 from ray.llm._internal.serve.core.configs.openai_api_models import CompletionRequest, ErrorResponse
 
 from baton.core.contracts import PhasesFact, RecoveryStepsFact, ReplicaEnv
-from baton.dataplane import recovery
+from baton.dataplane import pd, recovery
 from baton.dataplane.recovery import PrefillPolicy, orchestrate
 from baton.dataplane.render import kv_transfer_config, render_llm_config
 from baton.dataplane.spec import DeploymentSpec
@@ -269,3 +271,104 @@ def test_kv_load_failures_recompute_on_every_connector() -> None:
     assert KVTransferConfig(**both).kv_load_failure_policy == "recompute"  # vLLM accepts the rendered config
     env = render_llm_config(_spec(connector="nixl"), "decode")["runtime_env"]["env_vars"]
     assert env["BATON_PREFILL_TIMEOUT_S"] and env["BATON_LOCAL_PREFILL"] == "1"
+
+
+# -- a client's hang-up ---------------------------------------------------------------------------
+# When a replica runs Baton's code on its own event loop (Serve's throughput-optimized preset), a client
+# that goes away is signalled by throwing ``CancelledError`` in at the decode server's ``yield``. Each
+# generator under it must then close the one it iterates, down to the engine's stream (where vLLM aborts
+# the request): an abandoned stream is closed only when the garbage collector frees it, and the exception
+# the tracing layer held put it in a reference cycle, so the engine kept decoding to ``max_tokens``
+# (`tests/e2e/test_pd_kv_lifecycle.py` saw it on the real stack). The garbage collector is off in
+# these tests, so only an explicit close passes.
+
+
+class _Engine:
+    """The engine's stream: endless tokens; ``closed`` once its generator is closed (where vLLM aborts)."""
+
+    def __init__(self) -> None:
+        self.sent = 0
+        self.closed = False
+
+    async def stream(self) -> AsyncGenerator[str, None]:
+        try:
+            while True:
+                await asyncio.sleep(0)
+                self.sent += 1
+                yield f"tok-{self.sent}"
+        finally:
+            self.closed = True
+
+
+@pytest.fixture
+def _no_gc() -> Iterator[None]:
+    gc.disable()
+    try:
+        yield
+    finally:
+        gc.enable()
+
+
+async def _hang_up(gen: AsyncGenerator[Any, None], engine: _Engine, after: int) -> list[Any]:
+    """Serve's hang-up with Baton's code on the replica's loop: ``after`` chunks, then ``CancelledError``
+    thrown in at the ``yield`` (``ray.serve``'s ``_call_generator_async``). The engine's stream must be
+    closed by then, before the loop runs anything else (a stream freed by reference counting is only
+    scheduled for closing, and ``asyncio.run`` closes every generator left when it ends)."""
+    got = [await gen.__anext__() for _ in range(after)]
+    with pytest.raises(asyncio.CancelledError):
+        await gen.athrow(asyncio.CancelledError())
+    assert engine.closed and engine.sent == after
+    return got
+
+
+@pytest.fixture
+def facts(monkeypatch: pytest.MonkeyPatch) -> list[Any]:
+    written: list[Any] = []
+
+    async def record(rid: Any, fact: Any) -> None:
+        written.append(fact)
+
+    monkeypatch.setattr(recovery, "record_fact", record)
+    monkeypatch.setattr(recovery, "spawn_fact", lambda rid, fact: written.append(fact))
+    return written
+
+
+@pytest.mark.parametrize("prefill", ["remote", "local"])
+def test_a_hang_up_closes_the_engines_stream_on_both_ladder_paths(prefill: str, facts: list[Any], _no_gc: None) -> None:
+    engine = _Engine()
+    # "die" three times: no prefill replica answers, the decode side prefills itself
+    server = _Server(["ok"] if prefill == "remote" else ["die", "die", "die"])
+
+    async def local(method: str, req: Any, raw: Any) -> AsyncGenerator[str, None]:
+        return engine.stream()
+
+    async def main() -> list[Any]:
+        request = CompletionRequest(model="m", prompt="hi", max_tokens=1000)
+        raw = type("Raw", (), {"headers": {"x-request-id": "abc123"}})()
+        return await _hang_up(orchestrate(server, request, raw, _fallback, local, policy=FAST), engine, after=3)
+
+    assert asyncio.run(main()) == ["tok-1", "tok-2", "tok-3"]
+
+
+@pytest.mark.parametrize("tracing", [True, False])
+def test_a_hang_up_closes_the_engines_stream_through_the_tracing_layer(tracing: bool, monkeypatch: pytest.MonkeyPatch,
+                                                                     _no_gc: None) -> None:
+    engine = _Engine()
+
+    class Trace:
+        decode = None  # no decode span: nothing per chunk
+
+    class Server:
+        error: BaseException | None = None
+
+        def _baton_replica(self) -> str:
+            return "replica-1"
+
+        def _baton_finish(self, rt: Any, error: BaseException | None) -> None:
+            self.error = error
+
+    monkeypatch.setattr(pd.dp_tracing, "begin", lambda raw, replica: Trace() if tracing else None)
+    server = Server()
+    traced = pd.BatonPDDecodeServer._traced(server, engine.stream(), None)  # type: ignore[arg-type]
+    assert asyncio.run(_hang_up(traced, engine, after=2)) == ["tok-1", "tok-2"]
+    assert isinstance(server.error, asyncio.CancelledError) == tracing  # the span ends as cancelled
