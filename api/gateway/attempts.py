@@ -366,6 +366,12 @@ class Attempts:
         self.outcome = outcome
         self.used = 0  # retries and resumes so far
 
+    @property
+    def on_decode_pool(self) -> bool:
+        """Whether the call now streaming is a P/D deployment's decode pool's (not its prefill pool's, which
+        the recovery ladder falls back to, nor an aggregated deployment's)."""
+        return isinstance(self.opener, FailoverOpener) and self.opener.last == "primary"
+
     async def first(self) -> tuple[UpstreamResponse | None, httpx.HTTPError | None]:
         """The request's first call; with a policy, transport errors (a stall included) and 5xx are retried
         (nothing was sent yet). Returns (the answer, None), or (None, the last transport error, or None when

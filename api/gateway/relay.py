@@ -249,17 +249,23 @@ class TokenStall:
     that, ``ceiling_s``. The floor keeps a step that is slow for a reason (a long prefill chunk joining the
     batch on an aggregated engine, hundreds of milliseconds on a CPU host) from breaking streams that
     have only met fast steps: a false break is never wrong (the continuation is exact) but costs a
-    re-prefill, which on a loaded engine makes the next steps slower still."""
+    re-prefill, which on a loaded engine makes the next steps slower still.
+
+    A stream from a P/D deployment's decode pool is held to ``decode_floor_s`` instead: a decode engine
+    prefills nothing (its prompts' KV arrives over NIXL), so none of its steps is long for that reason,
+    and a stalled decode replica is noticed that much sooner."""
 
     ceiling_s: float = 10.0
     floor_s: float = 1.0
     multiple: float = 4.0
     min_gaps: int = 8
+    decode_floor_s: float | None = None  # None: ``floor_s`` for every pool
 
-    def timeout(self, longest_gap_s: float, gaps: int) -> float:
+    def timeout(self, longest_gap_s: float, gaps: int, *, decode_pool: bool = False) -> float:
         if gaps < self.min_gaps:
             return self.ceiling_s
-        return min(max(self.multiple * longest_gap_s, self.floor_s), self.ceiling_s)
+        floor = self.decode_floor_s if decode_pool and self.decode_floor_s is not None else self.floor_s
+        return min(max(self.multiple * longest_gap_s, floor), self.ceiling_s)
 
 
 class StreamBrokenError(errors.UpstreamError):
@@ -418,7 +424,8 @@ class ResumingRelay(SSERelay):
                     if self._stall is not None:
                         # The stream runs: a stalled replica is noticed after a token gap relative to the
                         # stream's own pace, not the wait for a first answer.
-                        timeout = self._stall.timeout(self._longest_gap, self._n_gaps)
+                        timeout = self._stall.timeout(self._longest_gap, self._n_gaps,
+                                                      decode_pool=self._attempts.on_decode_pool)
                         if timeout != read_timeout:
                             response.set_read_timeout(timeout)
                             read_timeout = timeout

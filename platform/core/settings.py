@@ -144,6 +144,11 @@ class GatewaySettings(BaseModel):
         "above the slowest step an engine takes for a reason (a long prefill chunk joining its batch). A false "
         "break is resumed exactly but costs a re-prefill."
     )
+    token_stall_floor_decode_s: float = Field(
+        0.2, gt=0, description="token_stall_floor_s for a stream from a P/D deployment's decode pool: a decode "
+        "engine prefills nothing (its prompts' KV arrives over NIXL), so its steps are never long for that "
+        "reason, and a stalled decode replica is noticed after this much silence once the stream's pace is known."
+    )
     keep_alive_s: float = Field(
         75.0, gt=0, description="How long an idle client connection is kept open. Longer than clients' own idle "
         "expiry (httpx and the OpenAI clients: 5 s), so the gateway never closes a connection that a client "

@@ -405,6 +405,23 @@ def test_a_stall_is_judged_against_the_streams_own_pace(upstream: str) -> None:
     assert "ReadTimeout" in o.recovery_steps[0]["detail"]
 
 
+def test_a_stalled_decode_replica_is_held_to_the_decode_pools_floor(upstream: str) -> None:
+    """A P/D deployment's decode pool prefills nothing, so its streams are held to a floor of their own: with
+    the general floor at the ceiling (longer than the stall: on it alone the stream would wait the stall
+    out and finish with no recovery step), the decode pool's floor breaks the stall and the stream resumes
+    exactly."""
+    PACE_S[0] = 0.01
+    SCRIPT.append(("stall", 12))
+    payload = {**COMPLETION, "max_tokens": 20}
+    events, _, o = asyncio.run(_relay(upstream, "completions", payload, read_timeout=30.0,
+                                      fallback=upstream.removesuffix("/v1") + "/fallback/v1",
+                                      stall=TokenStall(ceiling_s=30.0, floor_s=30.0, multiple=4.0,
+                                                       decode_floor_s=0.2)))
+    assert _tokens(events, chat=False) == generate(tokenize("once upon"), 20)
+    assert [s["step"] for s in o.recovery_steps][:1] == ["decode_resume"]
+    assert "ReadTimeout" in o.recovery_steps[0]["detail"] and "after 12 tokens" in o.recovery_steps[0]["detail"]
+
+
 def test_a_steady_stream_is_not_broken_by_the_relative_watchdog(upstream: str) -> None:
     PACE_S[0] = 0.02
     payload = {**COMPLETION, "max_tokens": 30}
@@ -422,6 +439,18 @@ def test_a_steady_stream_is_not_broken_by_the_relative_watchdog(upstream: str) -
 ])
 def test_the_stall_timeout_follows_the_streams_longest_gap(longest: float, gaps: int, expected: float) -> None:
     assert TokenStall(ceiling_s=10.0, floor_s=1.0, multiple=4.0).timeout(longest, gaps) == pytest.approx(expected)
+
+
+@pytest.mark.parametrize(("longest", "gaps", "decode_pool", "expected"), [
+    (0.01, 8, True, 0.2),    # a decode pool's fast tokens: its own floor
+    (0.01, 8, False, 1.0),   # an aggregated engine's (or the prefill pool's fallback): the general floor
+    (0.1, 8, True, 0.4),     # the multiple of the longest gap, above the decode floor
+    (0.01, 3, True, 10.0),   # too few gaps to judge the pace: the ceiling, whatever the pool
+])
+def test_a_decode_pools_stream_has_a_floor_of_its_own(longest: float, gaps: int, decode_pool: bool,
+                                                      expected: float) -> None:
+    stall = TokenStall(ceiling_s=10.0, floor_s=1.0, multiple=4.0, decode_floor_s=0.2)
+    assert stall.timeout(longest, gaps, decode_pool=decode_pool) == pytest.approx(expected)
 
 
 def test_when_the_budget_runs_out_the_stream_ends_with_an_error_event(upstream: str) -> None:
