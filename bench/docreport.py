@@ -470,7 +470,11 @@ def _recovery(d: dict[str, Any]) -> str:
             f"stream{when}, {c['repeats']} kills per topology and arm. Gap = the longest "
             "wait between two tokens at the client from the last one before the kill on; ratio = that gap / a fresh "
             "TTFT; after the replacement = the first request's TTFT once Serve calls the pool whole again / a "
-            "fresh TTFT (target <= 1.5); targets on the median:\n\n")
+            "fresh TTFT (target <= 1.5); targets on the median"
+            + (f"; the stall arm SIGSTOPs the decode replica instead (SIGCONT {_num(c.get('stall_s'), 0)} s later), "
+               f"its target {_num(c.get('stall_itl_multiple'), 0)}x the undisturbed stream's ITL p99 plus a fresh "
+               "TTFT, over a fresh TTFT" if any(t["arm"] == "stall" for t in trials) else "")
+            + ":\n\n")
     return head + _rows(["topology", "arm", "largest client gap: median (each)", "the gateway's figure (median)",
                          "fresh TTFT (median)", "ratio median (max)", "target", "met",
                          "first after the replacement: ratio median (max)", "met", "rung that served",
@@ -797,7 +801,8 @@ def _recovery_targets(d: dict[str, Any]) -> list[list[str]]:
     rows = []
     for topo, arms in d["summary"].items():
         for arm, s in arms.items():
-            rows.append([f"recovery, {topo}, {arm}: largest client gap around a decode kill / fresh TTFT (median)",
+            fault = "a decode stall (SIGSTOP)" if arm == "stall" else "a decode kill"
+            rows.append([f"recovery, {topo}, {arm}: largest client gap around {fault} / fresh TTFT (median)",
                          f"<= {s['target_ratio']:g}", _num(s["ratio_median"], 2),
                          _verdict(s["ratio_median"], s["target_ratio"])])
             if s.get("after_replacement_ratio_median") is not None:

@@ -32,6 +32,12 @@ kill, so no engine can load the prompt's KV from it), both on ``/v1/completions`
 ids, and ``chat`` (the tier as deployed, on ``/v1/chat/completions`` with a text prompt of the same
 length: the relay re-frames the continuation, a ``/completions`` stream, as chat chunks). Each trial
 waits for Ray to bring the pool back to full strength before the next one.
+
+``stall``: the same stream on ``/v1/completions``, its decode replica and engine SIGSTOPped instead of
+killed (SIGCONT ``stall_s`` later): a replica that stops without dying, whose sockets stay open, so only
+the gateway's token-gap watchdog can notice it. Its target is the largest gap at the client within 3x the
+undisturbed stream's ITL p99 plus a fresh TTFT (shown as a ratio to the fresh TTFT like the others); no
+replica is replaced, so it has no first request after a replacement.
 """
 
 from __future__ import annotations
@@ -56,9 +62,12 @@ from baton.core.contracts import STEP_AGGREGATED_FALLBACK, STEP_DECODE_RESUME
 
 Log = Callable[[str], None]
 TOPOLOGIES = {"1p1d": (1, 1), "1p2d": (1, 2)}
-ARMS = ("tier", "no_tier", "chat")
-#: Ratio targets (largest client gap, or first request after the replacement, over a fresh TTFT)
+ARMS = ("tier", "no_tier", "chat", "stall")
+#: Ratio targets (largest client gap, or first request after the replacement, over a fresh TTFT); the stall
+#: arm's comes from each trial's own figures (:data:`STALL_ITL_MULTIPLE`)
 TARGETS = {"tier": 1.5, "no_tier": 3.0, "chat": 1.5}
+#: A stalled decode replica's stream resumes within this many times its undisturbed ITL p99, plus a fresh TTFT.
+STALL_ITL_MULTIPLE = 3.0
 REPLACEMENT_TARGET = 1.5
 RESUMED_AFTER = re.compile(r"resumed after (\d+) tokens")
 
@@ -73,6 +82,9 @@ class RecoveryConfig:
     """Long enough that the stream still runs when the engines' gauges (exported every second) show
     which decode replica serves it."""
     kill_after: int = 40
+    stall_s: float = 5.0
+    """How long the stall arm's replica stays stopped (SIGCONT then)."""
+    stall_itl_multiple: float = STALL_ITL_MULTIPLE
     seed: int = 0
     state_dir: str = "var/bench-recovery"
     replace_timeout_s: float = 600.0
@@ -237,13 +249,14 @@ def run_trials(ep: Any, name: str, cfg: RecoveryConfig, *, log: Log,
                     trial.update(_kill_trial(client, ep, injector, loads, rng, cfg=cfg, arm=arm, p=prompt(arm),
                                               fresh=fresh))
                     # the first request once Serve calls the pool whole again: a replacement engine that has
-                    # not met its peers makes this one pay
+                    # not met its peers makes this one pay (a stalled replica is not replaced)
                     whole()
-                    first = stream(client, ep, prompt(arm), 8)
+                    first = stream(client, ep, prompt(arm), 8) if arm != "stall" else Stream()
                     trial.update(after_replacement_ttft_ms=first.ttft_ms, after_replacement_status=first.status,
                                  after_replacement_ratio=_ratio(first.ttft_ms, fresh.ttft_ms))
-                    log(f"{name} {arm} #{rep}: largest client gap {_fmt(trial['client_gap_ms'])} ms (gateway "
-                        f"{_fmt(trial['record_gap_ms'])}), kill -> next token {_fmt(trial['recovery_ms'])} ms, fresh "
+                    log(f"{name} {arm} #{rep}: largest client gap {_fmt(trial['client_gap_ms'])} ms (target "
+                        f"{_fmt(trial.get('stall_bound_ms'))} ms), gateway "
+                        f"{_fmt(trial['record_gap_ms'])}, fault -> next token {_fmt(trial['recovery_ms'])} ms, fresh "
                         f"TTFT {_fmt(fresh.ttft_ms)} ms, first after the replacement {_fmt(first.ttft_ms)} ms, rung "
                         f"{trial['rung']}, equal {trial['equal_undisturbed']}, victim busy "
                         f"{trial['victim'].get('busy')}")
@@ -257,11 +270,12 @@ def run_trials(ep: Any, name: str, cfg: RecoveryConfig, *, log: Log,
 
 def _kill_trial(client: httpx.Client, ep: Any, injector: Any, loads: Any, rng: random.Random, *,
                 cfg: RecoveryConfig, arm: str, p: list[int] | str, fresh: Stream) -> dict[str, Any]:
-    """One stream whose decode replica is SIGKILLed after ``kill_after`` tokens, what the client saw of it,
-    the request record's steps, and whether its text equals an undisturbed run of the same prompt."""
+    """One stream whose decode replica is SIGKILLed (the stall arm: SIGSTOPped, SIGCONT ``stall_s`` later) after
+    ``kill_after`` tokens, what the client saw of it, the request record's steps, and whether its text equals
+    an undisturbed run of the same prompt."""
     import asyncio
 
-    from baton.bench.chaos.faults import gone, signal_tree
+    from baton.bench.chaos.faults import gone, signal_tree, stopped
     from baton.bench.chaos.victims import wait_for_busy_victim
 
     victim: dict[str, Any] = {}
@@ -281,6 +295,21 @@ def _kill_trial(client: httpx.Client, ep: Any, injector: Any, loads: Any, rng: r
             return
         victim["tokens_at_kill"] = len(s.ids)
         tree = choice.replica.tree
+        if arm == "stall":
+            reached = signal_tree(tree, signal.SIGSTOP)
+            s.kill_pc = time.perf_counter()
+            try:
+                deadline = time.monotonic() + 5
+                while not stopped(choice.replica.pid) and time.monotonic() < deadline:
+                    time.sleep(0.01)
+                fired = choice.replica.pid in reached and stopped(choice.replica.pid)
+                victim.update(fired=fired, busy=choice.busy, choice=choice.evidence,
+                              evidence=f"SIGSTOP {reached}: {'stopped' if fired else 'not seen stopped'}")
+                time.sleep(max(0.0, cfg.stall_s - (time.perf_counter() - s.kill_pc)))
+            finally:
+                went_on = signal_tree(tuple(reached), signal.SIGCONT)
+                victim["evidence"] = f"{victim.get('evidence', '')}; SIGCONT {went_on}"
+            return
         reached = signal_tree(tree, signal.SIGKILL)  # the kill's moment: the signal, not the teardown
         s.kill_pc = time.perf_counter()
         deadline = time.monotonic() + 10
@@ -306,7 +335,13 @@ def _kill_trial(client: httpx.Client, ep: Any, injector: Any, loads: Any, rng: r
         # the continuation's first token (number n + 1); it was made after the kill
         recovery_ms = (k.token_times[n] - k.kill_pc) * 1000
     gap_ms = k.largest_gap_ms(k.kill_pc) if k.kill_pc is not None else None
+    if arm == "stall":  # the undisturbed run on the decode pool, the stalled replica going again
+        asyncio.run(injector.wait_healthy("decode", cfg.replace_timeout_s))
     ref = stream(client, ep, p, cfg.max_tokens)
+    gaps = sorted(b - a for a, b in itertools.pairwise(ref.token_times))
+    itl_p99_ms = gaps[min(len(gaps) - 1, int(0.99 * len(gaps)))] * 1000 if gaps else None
+    bound_ms = (cfg.stall_itl_multiple * itl_p99_ms + fresh.ttft_ms
+                if arm == "stall" and itl_p99_ms is not None and fresh.ttft_ms is not None else None)
     resume = next((st for st in steps if st.get("step") == STEP_DECODE_RESUME), None)
     kill_at_ms = (k.kill_pc - k.t_send) * 1000 if k.kill_pc is not None else None
     return dict(
@@ -319,7 +354,7 @@ def _kill_trial(client: httpx.Client, ep: Any, injector: Any, loads: Any, rng: r
         record_gap_ms=resume.get("client_gap_ms") if resume is not None else None,
         victim=victim, status=k.status, finished=k.finished, error=k.error,
         tokens=len(k.ids), resumed_after=n, recovery_ms=recovery_ms, client_gap_ms=gap_ms,
-        ratio=_ratio(gap_ms, fresh.ttft_ms),
+        ratio=_ratio(gap_ms, fresh.ttft_ms), undisturbed_itl_p99_ms=itl_p99_ms, stall_bound_ms=bound_ms,
         equal_undisturbed=bool(ref.ids) and k.ids == ref.ids and k.text == ref.text,
         record_status=rec.get("status"),
         steps=[{kk: st.get(kk) for kk in ("step", "outcome", "duration_ms", "detail", "client_gap_ms")}
@@ -356,6 +391,9 @@ def summarise(trials: list[dict[str, Any]]) -> dict[str, Any]:
             hit = [t for t in ts if t.get("resumed_after") is not None]
             gaps, ratios = col("client_gap_ms", hit), col("ratio", hit)
             after = col("after_replacement_ratio")
+            bounds, fresh = col("stall_bound_ms"), col("fresh_ttft_ms")
+            target = (round(statistics.median(bounds) / statistics.median(fresh), 2) if bounds and fresh
+                      else TARGETS.get(arm, 1.5))
             result[topo][arm] = {
                 "trials": len(ts),
                 "kills_that_hit": len(hit),
@@ -366,7 +404,9 @@ def summarise(trials: list[dict[str, Any]]) -> dict[str, Any]:
                 "fresh_ttft_ms_median": _median(col("fresh_ttft_ms")),
                 "ratio_median": round(statistics.median(ratios), 2) if ratios else None,
                 "ratio_max": round(max(ratios), 2) if ratios else None,
-                "target_ratio": TARGETS.get(arm, 1.5),
+                "target_ratio": target,
+                "stall_bound_ms_median": _median(bounds),
+                "undisturbed_itl_p99_ms_median": _median(col("undisturbed_itl_p99_ms")),
                 "after_replacement_ttft_ms_median": _median(col("after_replacement_ttft_ms")),
                 "after_replacement_ratio_median": round(statistics.median(after), 2) if after else None,
                 "after_replacement_ratio_max": round(max(after), 2) if after else None,

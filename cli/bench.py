@@ -443,7 +443,8 @@ def recovery(  # noqa: PLR0917 - typer options
     """Decode-failure recovery on the real stack (Ray head, P/D deployment, `baton gateway run`): SIGKILL the
     decode replica serving a stream; time the largest gap between two tokens at the client around the kill,
     and the first request once the replica is replaced, each next to a fresh request's TTFT, with and without
-    an LMCache tier hit, on completions and chat, in each topology."""
+    an LMCache tier hit, on completions and chat, in each topology. The stall arm SIGSTOPs the replica
+    instead (SIGCONT 5 s later): only the gateway's token-gap watchdog can notice it."""
     from baton.bench import report
     from baton.bench.recovery import ARMS, TOPOLOGIES, RecoveryConfig, run_recovery
 

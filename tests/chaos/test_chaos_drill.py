@@ -156,16 +156,23 @@ def _strict_drill(endpoint) -> None:  # type: ignore[no-untyped-def]
 
 
 def test_a_recovery_trial_of_baton_bench_recovery_on_this_stack(endpoint) -> None:  # type: ignore[no-untyped-def]
-    """One trial of ``baton bench recovery`` (its own code, on this module's stack of the default topology):
-    the decode replica serving a stream is killed mid-stream, and the stream resumes with the same text."""
+    """One trial of each fault of ``baton bench recovery`` (its own code, on this module's stack of the default
+    topology): the decode replica serving a stream is killed mid-stream, or stopped (SIGSTOP, SIGCONT 5 s
+    later), and the stream resumes with the same text. A stopped replica's sockets stay open: the stream
+    resumes only if the gateway's watchdog, relative to the stream's pace, breaks it (its ceiling,
+    ``token_stall_s``, is longer than the stall: waited out, the stream would go on after SIGCONT with no
+    resume at all)."""
     from baton.bench.recovery import RecoveryConfig, run_trials, summarise
 
-    cfg = RecoveryConfig(topologies=("1p1d",), arms=("tier",), repeats=1, prompt_len=512, max_tokens=1000,
-                         kill_after=40)
+    cfg = RecoveryConfig(topologies=("1p1d",), arms=("tier", "stall"), repeats=1, prompt_len=512, max_tokens=1000,
+                         kill_after=40, stall_s=5.0)
     trials = run_trials(endpoint, "1p1d", cfg, log=print)
-    [trial] = trials
-    assert trial["victim"].get("fired") and trial["victim"].get("busy"), trial["victim"]
-    assert trial["recovery_ms"] is not None and trial["resumed_after"] is not None, trial
-    assert trial["equal_undisturbed"] and trial["record_status"] == "completed", trial
-    summary = summarise(trials)["1p1d"]["tier"]
-    assert summary["all_recovered"] and summary["all_equal_undisturbed"] and summary["ratio_median"] > 0
+    assert [t["arm"] for t in trials] == ["tier", "stall"]
+    for trial in trials:
+        assert trial["victim"].get("fired") and trial["victim"].get("busy"), trial["victim"]
+        assert trial["recovery_ms"] is not None and trial["resumed_after"] is not None, trial
+        assert trial["equal_undisturbed"] and trial["record_status"] == "completed", trial
+    assert "ReadTimeout" in next(s["detail"] for s in trials[1]["steps"] if s["step"] == "decode_resume")
+    for arm in ("tier", "stall"):
+        summary = summarise(trials)["1p1d"][arm]
+        assert summary["all_recovered"] and summary["all_equal_undisturbed"] and summary["ratio_median"] > 0
