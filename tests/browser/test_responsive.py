@@ -103,10 +103,23 @@ def _long_named_policy(stack: Stack) -> None:
         uow.commit()
 
 
+def _long_sourced_model(stack: Stack) -> None:
+    """A model whose weights are at a long path with no space (a test's temporary folder, a mounted volume):
+    the models table's widest cell (a laptop run failed at 1,370 px before cells could wrap a path)."""
+    from baton.core import models as m
+
+    with stack.db.system() as uow:
+        uow.models.add(m.Model(name=f"deep-{uuid.uuid4().hex[:6]}",
+                               source="/mnt/weights/" + "/".join(uuid.uuid4().hex for _ in range(4)) + "/tiny-llama",
+                               context_length=2048, num_layers=4, num_kv_heads=4, head_dim=64, dtype="bfloat16"))
+        uow.commit()
+
+
 def test_the_operators_pages_fit_the_screen(sized, stack: Stack) -> None:  # type: ignore[no-untyped-def]
     name, page, errors = sized
     width = VIEWPORTS[name][0]
     _long_named_policy(stack)
+    _long_sourced_model(stack)
     _running_batch(stack, _a_tenant(stack))
     page.goto("/console/login")
     page.get_by_label("Email").fill(stack.operator_email)

@@ -155,7 +155,7 @@ export function LoadedTable<T>({ q, what, empty, showError, children, ...table }
   return (
     <Loaded q={q} what={what} empty={empty} showError={showError}>
       {(list) => (
-        <div className="card">
+        <div className="card table-scroll">
           <Table {...table}>{list.map((entry) => children(entry))}</Table>
         </div>
       )}
