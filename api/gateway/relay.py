@@ -404,6 +404,7 @@ class ResumingRelay(SSERelay):
         """Relays one upstream stream; returns None when it completed, else why it broke."""
         frames = SSEFrames()
         read_timeout: float | None = None
+        decode_pool = self._attempts.on_decode_pool  # the pool serving this upstream stream, for all of it
         try:
             async for received in response.aiter_raw():
                 now = time.perf_counter()
@@ -424,8 +425,7 @@ class ResumingRelay(SSERelay):
                     if self._stall is not None:
                         # The stream runs: a stalled replica is noticed after a token gap relative to the
                         # stream's own pace, not the wait for a first answer.
-                        timeout = self._stall.timeout(self._longest_gap, self._n_gaps,
-                                                      decode_pool=self._attempts.on_decode_pool)
+                        timeout = self._stall.timeout(self._longest_gap, self._n_gaps, decode_pool=decode_pool)
                         if timeout != read_timeout:
                             response.set_read_timeout(timeout)
                             read_timeout = timeout

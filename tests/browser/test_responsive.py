@@ -105,7 +105,7 @@ def _long_named_policy(stack: Stack) -> None:
 
 def _long_sourced_model(stack: Stack) -> None:
     """A model whose weights are at a long path with no space (a test's temporary folder, a mounted volume):
-    the models table's widest cell (a laptop run failed at 1,370 px before cells could wrap a path)."""
+    the models table's widest cell, wider than a laptop's screen unless a cell can wrap a path."""
     from baton.core import models as m
 
     with stack.db.system() as uow:
